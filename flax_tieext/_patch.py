@@ -1,0 +1,172 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""The monkeypatch: installs flax_tieext's transforms into Flax, reversibly.
+
+Every replaced attribute is listed once in :func:`_bindings`. ``install()``
+records the exact original object of each binding *on the Flax module that owns
+it*, so the record survives ``importlib.reload(flax_tieext)`` and a second
+``install()`` is a no-op; ``uninstall()`` puts every original object back (or
+deletes attributes Flax never had, such as ``flax.linen.tie``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any, Callable
+import warnings
+
+import flax.core.lift as _core_lift
+
+from flax_tieext import _compat
+
+AUTOPATCH_ENV = 'FLAX_TIEEXT_AUTOPATCH'
+# Where the record of originals lives: an attribute of flax.core.lift, so that
+# it is shared by every copy of this module (reloads included).
+_STATE_ATTR = '_flax_tieext_patch_state'
+_MISSING = object()
+_lock = threading.RLock()
+
+
+class PatchError(RuntimeError):
+  """Raised by :func:`install` when the installed Flax cannot be patched."""
+
+
+@dataclasses.dataclass
+class _Binding:
+  owner: Any
+  attr: str
+  # Builds the replacement from the original (``_MISSING`` if Flax has none).
+  make: Callable[[Any], Any]
+
+
+def _bindings() -> list[_Binding]:
+  """Every attribute the patch replaces, and how to build its replacement."""
+  import flax.core as flax_core  # pylint: disable=g-import-not-at-top
+  import flax.core.scope as core_scope  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import flax.linen.partitioning as partitioning  # pylint: disable=g-import-not-at-top
+  import flax.linen.transforms as linen_transforms  # pylint: disable=g-import-not-at-top
+
+  from flax_tieext.core import lift  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
+  from flax_tieext.linen import partitioning as our_partitioning  # pylint: disable=g-import-not-at-top
+  from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
+
+  use = lambda obj: (lambda original: obj)
+  Scope = core_scope.Scope  # pylint: disable=invalid-name
+  return [
+      # static_argnames: the transforms themselves.
+      _Binding(_core_lift, 'checkpoint', use(lift.checkpoint)),
+      _Binding(_core_lift, 'remat', use(lift.remat)),
+      _Binding(flax_core, 'remat', use(lift.remat)),
+      _Binding(linen_transforms, 'checkpoint', use(transforms.checkpoint)),
+      _Binding(linen_transforms, 'remat', use(transforms.remat)),
+      _Binding(nn, 'checkpoint', use(transforms.checkpoint)),
+      _Binding(nn, 'remat', use(transforms.remat)),
+      _Binding(partitioning, 'remat', use(our_partitioning.remat)),
+      # tie: the new transforms ...
+      _Binding(_core_lift, 'tie', use(lift.tie)),
+      _Binding(linen_transforms, 'tie', use(transforms.tie)),
+      _Binding(nn, 'tie', use(transforms.tie)),
+      # ... and the shared scope machinery they take part in.
+      _Binding(_core_lift, '_partial_pack', ties.lift_tie_sources),
+      _Binding(Scope, 'push', ties.tie_aware_push),
+      _Binding(Scope, '_collection', ties.tie_aware_collection),
+      _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
+      _Binding(Scope, 'get_variable', ties.tie_aware_get_variable),
+      _Binding(Scope, 'has_variable', ties.tie_aware_has_variable),
+      _Binding(Scope, 'put_variable', ties.tie_aware_put_variable),
+  ]
+
+
+def _state() -> list[tuple[Any, str, Any]] | None:
+  return getattr(_core_lift, _STATE_ATTR, None)
+
+
+def is_installed() -> bool:
+  """Returns True if the flax_tieext patch is currently installed in Flax."""
+  return _state() is not None
+
+
+def _owner_dict_get(owner, attr):
+  # Read from the owner's own namespace so that a method inherited by a
+  # subclass is not mistaken for one defined on it.
+  return vars(owner).get(attr, _MISSING)
+
+
+def install() -> None:
+  """Installs ``static_argnames`` and ``tie`` into Flax (idempotent).
+
+  Raises:
+    PatchError: if the installed Flax lacks something the patch needs. Flax is
+      left untouched in that case.
+  """
+  with _lock:
+    if is_installed():
+      return
+    missing = _compat.missing_features()
+    if missing:
+      raise PatchError(
+          f'flax_tieext cannot patch Flax {_compat.FLAX_VERSION} (jax'
+          f' {_compat.JAX_VERSION}): it lacks ' + '; '.join(missing) + '. The'
+          ' flax_tieext.lift and flax_tieext.linen transforms may still work'
+          ' on their own; supported releases are listed in the README.'
+      )
+    bindings = _bindings()
+    record = []
+    try:
+      for b in bindings:
+        original = _owner_dict_get(b.owner, b.attr)
+        replacement = b.make(original)
+        record.append((b.owner, b.attr, original))
+        setattr(b.owner, b.attr, replacement)
+    except BaseException:
+      _restore(record)
+      raise
+    setattr(_core_lift, _STATE_ATTR, record)
+
+
+def _restore(record):
+  for owner, attr, original in reversed(record):
+    if original is _MISSING:
+      if attr in vars(owner):
+        delattr(owner, attr)
+    else:
+      setattr(owner, attr, original)
+
+
+def uninstall() -> None:
+  """Restores every patched Flax attribute to its exact original object."""
+  with _lock:
+    record = _state()
+    if record is None:
+      return
+    _restore(record)
+    delattr(_core_lift, _STATE_ATTR)
+
+
+def autopatch() -> None:
+  """Runs at ``import flax_tieext`` unless ``FLAX_TIEEXT_AUTOPATCH=0``.
+
+  On a Flax the patch cannot handle, warns once and leaves Flax untouched.
+  """
+  if os.environ.get(AUTOPATCH_ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
+    return
+  try:
+    install()
+  except PatchError as e:
+    warnings.warn(str(e), RuntimeWarning, stacklevel=3)
