@@ -83,7 +83,8 @@ def _bindings() -> list[_Binding]:
       _Binding(linen_transforms, 'tie', use(transforms.tie)),
       _Binding(nn, 'tie', use(transforms.tie)),
       # ... and the shared scope machinery they take part in.
-      _Binding(_core_lift, '_partial_pack', ties.lift_tie_sources),
+      _Binding(_core_lift, '_partial_pack',
+               _compat.adapt_partial_pack(lift._partial_pack)),
       _Binding(Scope, 'push', ties.tie_aware_push),
       _Binding(Scope, '_collection', ties.tie_aware_collection),
       _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
