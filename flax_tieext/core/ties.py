@@ -57,7 +57,13 @@ import jax
 
 from flax.core import meta
 from flax.core.frozen_dict import FrozenDict
-from flax.core.scope import in_filter
+
+def _scope_lib():
+  # flax.core.scope decorates Scope's methods with the hooks below, so this
+  # module must not import it at module level.
+  from flax.core import scope  # pylint: disable=g-import-not-at-top
+  return scope
+
 
 # The scope flag under which the ties in force are recorded.
 TIES_FLAG = '__ties__'
@@ -94,7 +100,7 @@ class Tie:
   declared_at: Path
 
   def applies_to(self, col: str) -> bool:
-    return in_filter(self.collections, col)
+    return _scope_lib().in_filter(self.collections, col)
 
   def describe(self, col: str | None = None) -> str:
     arrow = ' (viewed)' if self.view is not None else ''
@@ -311,7 +317,7 @@ def _check_collections_present(scope, ties):
   for tie in ties:
     names = _named_collections(tie.collections)
     for col in names:
-      if col in present or in_filter(scope.mutable, col):
+      if col in present or _scope_lib().in_filter(scope.mutable, col):
         continue
       nearest = difflib.get_close_matches(col, present, n=3)
       hint = f' Did you mean {", ".join(map(repr, nearest))}?' if nearest else ''
@@ -663,13 +669,11 @@ def _redirect_rngs(scope):
 
 
 def _lazy_rng_child(rng, name):
-  from flax.core.scope import LazyRng  # pylint: disable=g-import-not-at-top
-  return LazyRng.create(rng, name)
+  return _scope_lib().LazyRng.create(rng, name)
 
 
 def _child_rng_key(name):
-  from flax.core.scope import child_rng_token  # pylint: disable=g-import-not-at-top
-  return (child_rng_token, name)
+  return (_scope_lib().child_rng_token, name)
 
 
 # ---------------------------------------------------------------------------
@@ -856,8 +860,7 @@ def _check_resolved(scope, ties, frame):
 
 
 def machinery_installed() -> bool:
-  from flax.core.scope import Scope  # pylint: disable=g-import-not-at-top
-  return bool(getattr(Scope.push, '__flax_tieext_hook__', False))
+  return bool(getattr(_scope_lib().Scope.push, '__flax_tieext_hook__', False))
 
 
 # ---------------------------------------------------------------------------
