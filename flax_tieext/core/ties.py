@@ -586,7 +586,6 @@ def tie_aware_put_variable(original):
   def put_variable(self, col, name, value):
     tie = _variable_tie(self, col, name)
     if tie is None:
-      _record_source_use(self, col, name)
       return original(self, col, name, value)
     self._check_valid()  # pylint: disable=protected-access
     self._validate_trace_level()  # pylint: disable=protected-access
@@ -711,15 +710,28 @@ def lifted_sources(scopes, transform_name) -> list:
 
 
 def _source_scope_path(scope, tie: Tie) -> Path:
-  """The module path holding ``tie``'s source: itself, or a variable's parent."""
-  cols = [c for c in _root_collections(scope) if tie.applies_to(c)]
-  for col in cols:
+  """The module path holding ``tie``'s source: itself, or a variable's parent.
+
+  Decided by what is stored at the source (a dict is a module, a leaf a
+  variable); before anything is stored there, by which scope is reachable.
+  """
+  base, _, _ = _locate(scope, tie.source)
+  cols = set(_root_collections(scope))
+  if base is not None:
+    cols |= set(_root_collections(base))
+  for col in sorted(cols):
+    if not tie.applies_to(col):
+      continue
     node = _peek(scope, tie.source, col)
     if isinstance(node, Mapping):
       return tie.source
     if node is not _ABSENT:
       return tie.source[:-1]
   parent = tie.source[:-1]
+  if base is not None and base.path == tie.source:
+    return tie.source  # a lifted scope stands exactly at the source
+  if _locate(scope, parent)[0] is None:
+    return tie.source
   if _is_within(tie.target, parent) and len(tie.target) > len(parent) + 1:
     return tie.source
   if _is_within(scope.path, parent):
@@ -830,33 +842,38 @@ def _reraise_shape_error(e, ties):
 
 
 def _check_resolved(scope, ties, frame):
-  pushed = frame['pushed'] | {scope.path}
-  known = pushed | frame['variables']
+  """Raises for a tie whose target or source was never created.
+
+  A path is judged only below the deepest ancestor whose body ran while this
+  call was traced: a transform such as ``nn.jit`` may reuse an earlier trace
+  for an identical module, and its children are then not seen again.
+  """
+  known = frame['pushed'] | frame['variables'] | {scope.path}
+  ran = {p[:i] for p in known for i in range(len(p))}
   for tie in ties:
     if tie in frame['used']:
       continue
     for role, path in (('target', tie.target), ('source', tie.source)):
       if path in known:
         continue
-      parent = path[:-1]
-      names = sorted({p[len(parent)] for p in known
-                      if _is_within(p, parent) and len(p) > len(parent)})
-      nearest = difflib.get_close_matches(path[-1], names, n=3, cutoff=0.5)
+      depth = max(i for i in range(len(path)) if path[:i] in known)
+      parent = path[:depth]
+      if parent not in ran:
+        continue  # the body of ``parent`` did not run in this trace
+      names = sorted({p[depth] for p in known
+                      if _is_within(p, parent) and len(p) > depth})
+      nearest = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
       near = (f' Nearest existing names under {_text(parent)}:'
               f' {", ".join(nearest)}.' if nearest else
               f' Names that exist under {_text(parent)}:'
               f' {", ".join(names) or "none"}.')
       raise TieError(
           f'The {role} {_text(path)} of the {tie.describe()} does not exist:'
-          f' no module or variable was created there while initializing.'
-          f'{near} Fix the path (paths are relative to the module that'
-          ' declares the tie; a leading "/" starts at the root module).'
+          f' no module or variable {_text(path[:depth + 1])} was created'
+          f' while initializing.{near} Fix the path (paths are relative to'
+          ' the module that declares the tie; a leading "/" starts at the'
+          ' root module).'
       )
-    raise TieError(
-        f'The {tie.describe()} was never used while initializing: neither'
-        f' {_text(tie.target)} nor any of its variables touched a tied'
-        ' collection. Check the collections argument of the tie.'
-    )
 
 
 def machinery_installed() -> bool:
