@@ -438,7 +438,9 @@ def _storage(scope, tie: Tie, path: Path, col: str, write: bool):
       )
   if write:
     node = base._mutable_collection(col)  # pylint: disable=protected-access
-    for name in rest:
+    for i, name in enumerate(rest):
+      if name not in node:
+        _record_created(base.path + rest[: i + 1])
       node = node.setdefault(name, {})
     return node
   node = base._collection(col)  # pylint: disable=protected-access
@@ -465,6 +467,45 @@ def _variable_tie(scope, col: str, name: str) -> Tie | None:
     if tie.target == path and tie.applies_to(col):
       return tie
   return None
+
+
+def _check_source_exists(scope, tie: Tie):
+  """Raises unless the source is stored in at least one tied collection."""
+  cols = [c for c in _root_collections(scope) if tie.applies_to(c)]
+  if any(_peek(scope, tie.source, c) is not _ABSENT for c in cols):
+    return
+  _raise_missing_source(scope, tie, cols[0] if len(cols) == 1 else None)
+
+
+def _raise_missing_source(scope, tie: Tie, col: str | None):
+  """Raises a TieError naming the deepest stored prefix of the source."""
+  cols = [col] if col else [
+      c for c in _root_collections(scope) if tie.applies_to(c)]
+  parent, names = (), set()
+  base, rest, _ = _locate(scope, tie.source)
+  for c in cols if base is not None else ():
+    node, prefix = base._collection(c), base.path  # pylint: disable=protected-access
+    for name in rest:
+      if not isinstance(node, Mapping) or name not in node:
+        break
+      node, prefix = node[name], prefix + (name,)
+    if not isinstance(node, Mapping):
+      continue
+    if len(prefix) > len(parent) or not names:
+      parent, names = prefix, set(node)
+    elif prefix == parent:
+      names |= set(node)
+  missing = tie.source[min(len(parent), len(tie.source) - 1)]
+  nearest = difflib.get_close_matches(missing, sorted(names), n=3, cutoff=0.5)
+  near = (f' Nearest existing names under {_text(parent)}: '
+          f'{", ".join(nearest)}.' if nearest else
+          f' Names under {_text(parent)}: {", ".join(sorted(names)) or "none"}.')
+  where = f'collection {col!r}' if col else 'any tied collection'
+  raise TieError(
+      f'The source {_text(tie.source)} of the {tie.describe(col)} is not'
+      f' stored in {where} (looked up from {scope.path_text}).{near} Fix the'
+      ' source path, or pass the source\'s variables to apply.'
+  )
 
 
 def _read_only_view(tie: Tie, col: str, scope):
@@ -514,6 +555,8 @@ def tie_aware_collection(original):
         _record(self, tie)
         node = _storage(self, tie, tie.source, col, write=False)
         if node is None:
+          if not self.is_mutable_collection(col):
+            _check_source_exists(self, tie)
           return FrozenDict()
         if tie.view is not None:
           return jax.tree_util.tree_map(tie.view, node)
@@ -574,7 +617,10 @@ def tie_aware_has_variable(original):
       return original(self, col, name)
     _record(self, tie)
     parent = _storage(self, tie, tie.source[:-1], col, write=False)
-    return parent is not None and tie.source[-1] in parent
+    found = parent is not None and tie.source[-1] in parent
+    if not found and not self.is_mutable_collection(col):
+      _raise_missing_source(self, tie, col)
+    return found
 
   return has_variable
 
@@ -796,6 +842,11 @@ def _record(scope, tie: Tie):
       frame['used'].add(tie)
 
 
+def _record_created(path):
+  for frame in _tracker.stack:
+    frame['created'].add(path)
+
+
 def _record_push(scope):
   for frame in _tracker.stack:
     frame['pushed'].add(scope.path)
@@ -813,7 +864,7 @@ def checking(scope, ties: tuple[Tie, ...]):
   """Checks, at the end of an initializing call, that every tie resolved."""
   initializing = bool(scope.flags.get('initializing', False))
   frame = {'ties': set(ties), 'used': set(), 'pushed': set(),
-           'variables': set()}
+           'variables': set(), 'created': set()}
   _tracker.stack.append(frame)
   try:
     yield
@@ -851,9 +902,12 @@ def _check_resolved(scope, ties, frame):
   known = frame['pushed'] | frame['variables'] | {scope.path}
   ran = {p[:i] for p in known for i in range(len(p))}
   for tie in ties:
-    if tie in frame['used']:
-      continue
-    for role, path in (('target', tie.target), ('source', tie.source)):
+    checks = [('source', tie.source)]
+    if tie not in frame['used']:
+      checks.insert(0, ('target', tie.target))
+    elif not any(_is_within(p, tie.source) for p in frame['created']):
+      continue  # the source was stored before the tie was used
+    for role, path in checks:
       if path in known:
         continue
       depth = max(i for i in range(len(path)) if path[:i] in known)
