@@ -285,3 +285,64 @@ def test_tied_target_inside_cond(pred):
       params)
   assert_close(y, ry)
   jax.tree_util.tree_map(assert_close, g, rg)
+
+
+# ---------------------------------------------------------------------------
+# The scanned module itself is the target, and a transform nests inside it.
+# ---------------------------------------------------------------------------
+
+
+class MaskedDense(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask', jnp.ones, x.shape[-1])
+    return jnp.tanh(nn.Dense(D, name='dense')(x * mask.value))
+
+
+class MaskedLayer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, _):
+    return nn.remat(MaskedDense)(name='m')(x), None
+
+
+def masked_stack(broadcast_graph):
+  scan_kwargs = dict(variable_axes={'params': 0}, split_rngs={'params': True},
+                     length=N)
+  if broadcast_graph:
+    scan_kwargs['variable_broadcast'] = 'graph'
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x, _ = MaskedLayer(name='src')(x, None)
+      x, _ = nn.scan(MaskedLayer, **scan_kwargs)(name='stack')(x, None)
+      return x
+
+  return Model
+
+
+def test_scanned_target_with_nested_remat_reads_broadcast_source():
+  tied = nn.tie(masked_stack(False), {'stack': 'src'}, collections='graph')()
+  ref = masked_stack(True)()  # the mask copied in, broadcast over the scan
+  x = jax.random.normal(jax.random.key(1), (2, D))
+  variables = tied.init(jax.random.key(0), x)
+  assert list(variables['graph']) == ['src']
+  params = variables['params']
+  mask = jnp.linspace(0.5, 1.5, D)
+
+  def tied_loss(m):
+    return jnp.sum(tied.apply(
+        {'params': params, 'graph': {'src': {'m': {'mask': m}}}}, x) ** 2)
+
+  def ref_loss(m_src, m_stack):
+    graph = {'src': {'m': {'mask': m_src}}, 'stack': {'m': {'mask': m_stack}}}
+    return jnp.sum(ref.apply({'params': params, 'graph': graph}, x) ** 2)
+
+  y, g = jax.value_and_grad(tied_loss)(mask)
+  ry, (g_src, g_stack) = jax.value_and_grad(ref_loss, argnums=(0, 1))(
+      mask, mask)
+  assert_close(y, ry)
+  assert_close(g, g_src + g_stack)

@@ -563,6 +563,11 @@ def tie_aware_collection(original):
         if not _locate(self, tie.source)[2]:
           self._variables[col] = node  # pylint: disable=protected-access
         return node
+    if (col not in self._variables and self.parent is None  # pylint: disable=protected-access
+        and _is_inner_root(self) and _borrows(self._tie_outer, col)):  # pylint: disable=protected-access
+      # An inner root below a target whose source is a read-only closure
+      # (see _storage) reads the tied collection through its outer scope.
+      return self._tie_outer._collection(col)  # pylint: disable=protected-access
     return original(self, col)
 
   return _collection
@@ -803,14 +808,37 @@ def _scope_at(scope, path: Path):
 
 
 def link_inner_scopes(outer_scopes, inner_scopes, transform_name):
-  """Records on each inner root what it stands in for (see ``_LINK_ATTRS``)."""
+  """Records on each inner root what it stands in for (see ``_LINK_ATTRS``).
+
+  An inner root that is itself a tied target borrows its tied collections from
+  the inner source right away, so that Flax's ``_populate_collections`` (which
+  enumerates the root's collections) sees them when a further transform lifts
+  one of its descendants.
+  """
   siblings = tuple(inner_scopes)
   for outer, inner in zip(outer_scopes, inner_scopes):
     inner._tie_outer = outer  # pylint: disable=protected-access
     inner._tie_siblings = siblings  # pylint: disable=protected-access
     inner._tie_transform = transform_name  # pylint: disable=protected-access
-    if TIES_FLAG in inner.flags:
-      _redirect_rngs(inner)
+  for inner in inner_scopes:
+    if TIES_FLAG not in inner.flags:
+      continue
+    _redirect_rngs(inner)
+    for col in {c for s in siblings for c in s._variables}:  # pylint: disable=protected-access
+      if _module_tie(inner, col) is not None:
+        inner._collection(col)  # pylint: disable=protected-access
+
+
+def _borrows(scope, col: str) -> bool:
+  """Whether ``scope`` lies at or below a target that borrows ``col``."""
+  while scope is not None:
+    s = scope
+    while s is not None:
+      if TIES_FLAG in s.flags and _module_tie(s, col) is not None:
+        return True
+      s = s.parent
+    scope = getattr(scope.root, '_tie_outer', None)
+  return False
 
 
 def inner_scopes_of(inner_scope_tree_leaves) -> tuple:
