@@ -30,6 +30,8 @@ import jax
 
 from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
+from flax.linen.module import Module
+from flax.linen.transforms import _is_module_class
 from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
 from flax_tieext.core import lift
@@ -39,8 +41,210 @@ from flax_tieext.core import lift
 # section: checkpoint (static_argnames)
 # ---------------------------------------------------------------------------
 
-# TODO(static_argnames): replaced by the static_argnames implementation.
-from flax.linen.transforms import checkpoint  # pylint: disable=g-import-not-at-top
+def _checkpoint_lift_transform(
+    transform,
+    target,
+    *,
+    transform_name: str,
+    counts_self: bool,
+    methods=None,
+    **trafo_kwargs,
+):
+  """``lift_transform`` for a checkpoint, with static arguments per method.
+
+  The scope function ``lift_transform`` hands to ``transform`` takes
+  ``*args, **kwargs``; the signature that ``static_argnums`` and
+  ``static_argnames`` refer to is the wrapped method's. It is known here, at
+  wrap time, so errors in them are raised here, and the resolved
+  ``lift._StaticArgs`` reaches ``transform`` as ``_static_args``. Shared by
+  ``nn.checkpoint`` (which counts ``self`` as 0) and
+  ``nn.partitioning.remat`` (which does not count it).
+  """
+  first_index = 1 if counts_self else 0
+
+  def resolve(fn, kwargs, first_index, transform_name, strict=True):
+    kwargs = dict(kwargs)
+    kwargs['_static_args'] = lift._StaticArgs(
+        fn,
+        kwargs.pop('static_argnums', ()),
+        kwargs.pop('static_argnames', ()),
+        transform=transform_name,
+        first_index=first_index,
+        strict=strict,
+    )
+    return kwargs
+
+  if _is_module_class(target):
+    module_class = target.func if isinstance(target, functools.partial) else target
+    if methods is None:
+      methods = ['__call__']
+    if isinstance(methods, (list, tuple)):
+      # The same static arguments for every listed method: each one need
+      # only exist in one of them (a flag that only __call__ takes).
+      methods = {
+          name: resolve(
+              getattr(module_class, name), trafo_kwargs, first_index,
+              transform_name, strict=len(methods) == 1,
+          )
+          for name in methods
+      }
+      lift._raise_if_unresolved_everywhere(
+          [kwargs['_static_args'] for kwargs in methods.values()]
+      )
+    elif isinstance(methods, dict):
+      # As upstream, a per-method dict holds the arguments of the core
+      # transform itself, whose static_argnums does not count self.
+      methods = {
+          name: resolve(
+              getattr(module_class, name), kwargs, 0,
+              f'{transform_name} methods[{name!r}]',
+          )
+          for name, kwargs in methods.items()
+      }
+    return lift_transform(transform, target, methods=methods)
+  if callable(target) and not isinstance(target, Module):
+    return lift_transform(
+        transform,
+        target,
+        **resolve(target, trafo_kwargs, first_index, transform_name),
+    )
+  # Not a valid target: let lift_transform raise its usual error.
+  return lift_transform(transform, target, methods=methods, **trafo_kwargs)
+
+
+def checkpoint(
+    target: Target | None = None,
+    variables: CollectionFilter = True,
+    rngs: PRNGSequenceFilter = True,
+    concrete: bool = False,
+    prevent_cse: bool = True,
+    static_argnums: int | tuple[int, ...] = (),
+    policy: Callable[..., bool] | None = None,
+    methods=None,
+    static_argnames: str | Iterable[str] = (),
+) -> Target:
+  """Lifted version of ``jax.checkpoint``.
+
+  Checkpointing is a technique for reducing memory usage by recomputing
+  activations during backpropagation. When training large models, it can be
+  helpful to checkpoint parts of the model to trade off memory usage for
+  additional computation.
+
+  Arguments of the checkpointed method are traced like arrays unless they are
+  *static*. A flag the method branches on in Python, such as the
+  ``deterministic`` argument handed to ``nn.Dropout``, must be static, or
+  tracing fails with a ``TracerBoolConversionError``. Name it in
+  ``static_argnames``: a named argument is static however it is passed
+  (positionally, by keyword, or left out so that its default applies),
+  keyword-only arguments included. ``static_argnums`` counts positions
+  instead, with ``self`` as 0, and is resolved through the method's signature
+  the same way.
+
+  Example::
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import flax.linen as nn
+    ...
+    >>> class MLP(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x, deterministic=False):
+    ...     x = nn.Dense(4)(x)
+    ...     return nn.Dropout(0.5, deterministic=deterministic)(x)
+    ...
+    >>> RematMLP = nn.remat(MLP, static_argnames='deterministic')
+    >>> x = jnp.ones((2, 3))
+    >>> variables = RematMLP().init(jax.random.key(0), x, True)
+    >>> y = RematMLP().apply(variables, x, deterministic=True)
+    >>> y = RematMLP().apply(variables, x, rngs={'dropout': jax.random.key(1)})
+
+  The same as a decorator, above ``nn.compact``::
+
+    >>> class CheckpointedMLP(nn.Module):
+    ...   @nn.checkpoint(static_argnames='deterministic')
+    ...   @nn.compact
+    ...   def __call__(self, x, deterministic=False):
+    ...     x = nn.Dense(4)(x)
+    ...     return nn.Dropout(0.5, deterministic=deterministic)(x)
+    ...
+    >>> variables = CheckpointedMLP().init(jax.random.key(0), x, True)
+
+  This function is aliased to ``remat`` just like ``jax.remat``.
+
+  Args:
+    target: a ``Module`` or a function taking a ``Module``
+      as its first argument. intermediate computations will be
+      re-computed when computing gradients for the target. If ``None``,
+      returns a decorator that takes the target.
+    variables: The variable collections that are lifted. By default all
+      collections are lifted.
+    rngs: The PRNG sequences that are lifted. By default all PRNG sequences
+      are lifted.
+    concrete: Deprecated and unsupported by JAX; ``True`` raises
+      ``NotImplementedError`` when called. Use ``static_argnames``.
+    prevent_cse: Optional, boolean indicating whether to prevent common
+      subexpression elimination (CSE) optimizations in the HLO generated from
+      differentiation. This CSE prevention has costs because it can foil other
+      optimizations, and because it can incur high overheads on some backends,
+      especially GPU. The default is True because otherwise, under a ``jit`` or
+      ``pmap``, CSE can defeat the purpose of this decorator. But in some
+      settings, like when used inside a ``scan``, this CSE prevention mechanism
+      is unnecessary, in which case ``prevent_cse`` should be set to False.
+    static_argnums: Optional, int or sequence of ints: positions of static
+      arguments, with ``self`` as 0 (``nn.partitioning.remat`` does not count
+      ``self``). Negative indices count from the last positional parameter.
+    policy: Experimental checkpoint policy, see ``jax.checkpoint``.
+    methods: An optional list of method names that will be lifted, if
+      ``methods`` is None (default) only the ``__call__`` method will be
+      lifted. Each method's static arguments are resolved against its own
+      signature. As a dict, it maps each method name to its own
+      ``lift.checkpoint`` arguments (where ``static_argnums`` does not count
+      ``self``). If ``target`` is a function, ``methods`` is ignored.
+    static_argnames: Optional, str or sequence of str: names of static
+      arguments.
+
+  Returns:
+    A wrapped version of ``target``. When computing gradients intermediate
+    computations will be re-computed on the backward pass.
+
+  Raises:
+    ValueError: when a name in ``static_argnames`` is not a parameter of the
+      method (the message lists them and the closest match) or an index in
+      ``static_argnums`` is out of range (the message shows the numbering);
+      for a Module class or a decorated method this happens here, at wrap
+      time. When called, if a static argument receives an array: the message
+      names the argument that was probably meant.
+    TypeError: when called, if a static argument receives an unhashable
+      value.
+  """
+  if target is None:
+    return functools.partial(
+        checkpoint,
+        variables=variables,
+        rngs=rngs,
+        concrete=concrete,
+        prevent_cse=prevent_cse,
+        static_argnums=static_argnums,
+        policy=policy,
+        methods=methods,
+        static_argnames=static_argnames,
+    )
+  return _checkpoint_lift_transform(
+      lift.checkpoint,
+      target,
+      transform_name='nn.checkpoint (nn.remat)',
+      counts_self=True,
+      methods=methods,
+      variables=variables,
+      rngs=rngs,
+      concrete=concrete,
+      prevent_cse=prevent_cse,
+      static_argnums=static_argnums,
+      policy=policy,
+      static_argnames=static_argnames,
+  )
+
+
 remat = checkpoint
 
 # ---------------------------------------------------------------------------

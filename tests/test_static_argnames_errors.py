@@ -1,0 +1,337 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Static-argument mistakes fail with messages in the user's own terms.
+
+What still has to fail does so with the parameter names of the user's
+signature, the nearest match, and the signature numbered the way the entry
+point that was called counts.
+"""
+
+import re
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from flax_tieext import lift as ext_lift
+from flax_tieext import linen as ext_nn
+
+needs_patch = pytest.mark.needs_patch
+
+# (getter, label in messages, index of the first argument after self)
+COUNTS_SELF = [
+    pytest.param(lambda: nn.remat, id='nn.remat', marks=needs_patch),
+    pytest.param(lambda: nn.checkpoint, id='nn.checkpoint', marks=needs_patch),
+    pytest.param(lambda: ext_nn.remat, id='flax_tieext.linen.remat'),
+]
+SKIPS_SELF = [
+    pytest.param(
+        lambda: nn.partitioning.remat, id='nn.partitioning.remat',
+        marks=needs_patch,
+    ),
+    pytest.param(
+        lambda: ext_nn.partitioning.remat,
+        id='flax_tieext.linen.partitioning.remat',
+    ),
+]
+
+
+class MLP(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, deterministic=False):
+    x = nn.Dense(4)(x)
+    return nn.Dropout(0.5, deterministic=deterministic)(x)
+
+
+X = jnp.ones((2, 3))
+
+
+def _message(excinfo):
+  """The full text a user sees: message and any notes."""
+  e = excinfo.value
+  return '\n'.join([str(e), *getattr(e, '__notes__', ())])
+
+
+def _assert_numbered(message, rows):
+  """Asserts the numbered signature listing shows ``rows`` (index, text)."""
+  for index, text in rows:
+    assert re.search(rf'^\s+{re.escape(index)}\s.*{re.escape(text)}', message, re.M), (
+        index, text, message)
+
+
+# -- at wrap time --------------------------------------------------------------
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_unknown_name_lists_parameters_and_nearest_match(entry):
+  with pytest.raises(ValueError) as excinfo:
+    entry()(MLP, static_argnames='determinstic')  # raised when wrapping
+  message = _message(excinfo)
+  assert "'determinstic'" in message
+  assert 'MLP.__call__(self, x, deterministic=False)' in message
+  assert "Did you mean 'deterministic'?" in message
+  assert 'x, deterministic' in message
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_unknown_name_in_decorator_form_fails_at_class_definition(entry):
+  with pytest.raises(ValueError, match="Did you mean 'deterministic'"):
+
+    class Decorated(nn.Module):  # pylint: disable=unused-variable
+
+      @entry()(static_argnames='determinstc')
+      @nn.compact
+      def __call__(self, x, deterministic=False):
+        return x
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF)
+def test_index_out_of_range_shows_numbering_with_self(entry):
+  with pytest.raises(ValueError) as excinfo:
+    entry()(MLP, static_argnums=3)
+  message = _message(excinfo)
+  assert 'index 3 is out of range' in message
+  assert 'counts `self` as 0' in message
+  _assert_numbered(
+      message, [('0', 'self'), ('1 | -2', 'x'), ('2 | -1', 'deterministic=False')]
+  )
+  assert "static_argnames='deterministic'" in message
+
+
+@pytest.mark.parametrize('entry', SKIPS_SELF)
+def test_index_out_of_range_shows_numbering_without_self(entry):
+  with pytest.raises(ValueError) as excinfo:
+    entry()(MLP, static_argnums=2)
+  message = _message(excinfo)
+  assert 'nn.partitioning.remat' in message
+  assert 'does not count `self`' in message
+  _assert_numbered(
+      message, [('-', 'self'), ('0 | -2', 'x'), ('1 | -1', 'deterministic=False')]
+  )
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF)
+def test_index_of_self_cannot_be_static(entry):
+  with pytest.raises(ValueError, match='refers to `self`'):
+    entry()(MLP, static_argnums=0)
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_self_cannot_be_named(entry):
+  with pytest.raises(ValueError, match="contains 'self'"):
+    entry()(MLP, static_argnames='self')
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF)
+def test_static_argnums_of_wrong_type(entry):
+  with pytest.raises(TypeError, match='static_argnums must be an int'):
+    entry()(MLP, static_argnums='deterministic')
+  with pytest.raises(TypeError, match='static_argnames must be a str'):
+    entry()(MLP, static_argnames=2)
+
+
+class TwoMethods(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, deterministic=False):
+    return x
+
+  def encode(self, x, *, mode='tanh'):
+    return x
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_methods_list_name_must_exist_in_some_method(entry):
+  entry()(TwoMethods, static_argnames='mode', methods=['__call__', 'encode'])
+  with pytest.raises(ValueError, match="Did you mean 'mode'"):
+    entry()(TwoMethods, static_argnames='mdoe', methods=['__call__', 'encode'])
+
+
+def test_lift_unknown_name_lists_parameters():
+  def fn(scope, x, *, train=False):
+    return x
+
+  with pytest.raises(ValueError) as excinfo:
+    ext_lift.checkpoint(fn, static_argnames='trian')
+  message = _message(excinfo)
+  assert 'lift.checkpoint' in message
+  assert "Did you mean 'train'?" in message
+  assert 'x, train' in message
+
+
+def test_lift_index_out_of_range_counts_from_after_scope():
+  def fn(scope, x, train=False):
+    return x
+
+  with pytest.raises(ValueError) as excinfo:
+    ext_lift.checkpoint(fn, static_argnums=2)
+  message = _message(excinfo)
+  assert 'does not count `scope`' in message
+  _assert_numbered(message, [('0 | -2', 'x'), ('1 | -1', 'train=False')])
+
+
+# -- at call time --------------------------------------------------------------
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF)
+def test_off_by_one_index_names_hit_and_meant_parameters(entry):
+  # Field failure: static_argnums=1 with nn.remat makes `x` static (self is
+  # 0) and then fails with TracerBoolConversionError on `deterministic`.
+  remat = entry()(MLP, static_argnums=1)
+  with pytest.raises(ValueError) as excinfo:
+    remat().init(jax.random.key(0), X, True)
+  message = _message(excinfo)
+  assert '`x` of MLP.__call__(self, x, deterministic=False) is static' in message
+  assert 'array of shape (2, 3)' in message
+  assert 'Did you mean `deterministic`?' in message
+  assert 'static_argnums=2' in message
+  assert "static_argnames='deterministic'" in message
+  _assert_numbered(message, [('1 | -2', 'x    (<- static_argnums index 1)')])
+
+
+@pytest.mark.parametrize('entry', SKIPS_SELF)
+def test_off_by_one_in_partitioning_numbering(entry):
+  # Counting self in nn.partitioning.remat: 1 means deterministic there, so
+  # the classic mistake is 0.
+  remat = entry()(MLP, static_argnums=0)
+  with pytest.raises(ValueError) as excinfo:
+    remat().init(jax.random.key(0), X, True)
+  message = _message(excinfo)
+  assert '`x` of MLP.__call__' in message
+  assert 'Did you mean `deterministic`?' in message
+  assert 'static_argnums=1' in message
+
+
+class Block(nn.Module):
+  """openpi's block: static_argnums=(5,) was meant to be 6 (self is 0)."""
+
+  @nn.compact
+  def __call__(self, xs, kv_cache, positions, attn_mask, adarms_cond,
+               deterministic=True):
+    y = nn.Dropout(0.1, deterministic=deterministic)(nn.Dense(4)(xs))
+    if adarms_cond is not None:
+      y = y + adarms_cond
+    return xs + y
+
+
+def test_openpi_off_by_one_with_array_names_both_parameters():
+  remat = ext_nn.remat(Block, static_argnums=(5,))
+  with pytest.raises(ValueError) as excinfo:
+    remat().init(jax.random.key(0), X[:, :2].repeat(2, 1), None, None, None,
+                 jnp.ones((2, 4)), True)
+  message = _message(excinfo)
+  assert '`adarms_cond`' in message
+  assert 'Did you mean `deterministic`?' in message
+  assert 'static_argnums=6' in message
+
+
+def test_openpi_off_by_one_with_none_explains_traced_flag():
+  # adarms_cond=None is a fine static value; then `deterministic` is traced
+  # and JAX's error gets a note naming it and its index.
+  remat = ext_nn.remat(Block, static_argnums=(5,))
+  xs = jnp.ones((2, 4))
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
+    remat().init(jax.random.key(0), xs, None, None, None, None, True)
+  message = _message(excinfo)
+  assert 'deterministic=True' in message
+  assert "static_argnames='deterministic'" in message
+  assert '`adarms_cond` (static_argnums index 5)' in message
+  assert '`deterministic` is static_argnums=6' in message
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_traced_python_bool_keeps_jax_error_type_and_names_parameter(entry):
+  # Without static arguments this is upstream's error (TracerBoolConversionError
+  # on recent JAX, its base ConcretizationTypeError on older releases); it now
+  # also says which argument and how to fix it.
+  remat = entry()(MLP)
+  for call in (
+      lambda: remat().init(jax.random.key(0), X, True),
+      lambda: remat().init(jax.random.key(0), X, deterministic=True),
+  ):
+    with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
+      call()
+    message = _message(excinfo)
+    assert 'deterministic=True' in message
+    assert "static_argnames='deterministic'" in message
+
+
+class Configured(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, layers=(4,), mode='relu'):
+    for width in layers:
+      x = nn.Dense(width)(x)
+    return jax.nn.relu(x) if mode == 'relu' else x
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_unhashable_static_value_names_argument_and_type(entry):
+  remat = entry()(Configured, static_argnames='layers')
+  with pytest.raises(TypeError) as excinfo:
+    remat().init(jax.random.key(0), X, [4, 2])
+  message = _message(excinfo)
+  assert '`layers`' in message
+  assert 'type list' in message
+  assert 'hashable' in message
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_str_to_traced_argument_names_it(entry):
+  remat = entry()(Configured, static_argnames='layers')
+  with pytest.raises(TypeError) as excinfo:
+    remat().init(jax.random.key(0), X, mode='linear')
+  message = _message(excinfo)
+  assert '`mode`' in message
+  assert "static_argnames='mode'" in message
+
+
+def test_lift_array_in_static_slot_suggests_the_flag():
+  def fn(scope, x, train=False):
+    return x
+
+  rematted = ext_lift.checkpoint(fn, static_argnums=0)
+  with pytest.raises(ValueError) as excinfo:
+    flax.core.init(rematted)(jax.random.key(0), X, True)
+  message = _message(excinfo)
+  assert '`x` of fn(scope, x, train=False) is static' in message
+  assert 'Did you mean `train`?' in message
+  assert 'static_argnums=1' in message
+
+
+def test_star_args_index_past_the_call_is_out_of_range():
+  def fn(scope, *args):
+    return args[0]
+
+  rematted = ext_lift.checkpoint(fn, static_argnums=3)
+  with pytest.raises(ValueError, match='index 3 is out of range for this call'):
+    flax.core.init(rematted)(jax.random.key(0), X)
+
+
+def test_note_is_appended_to_the_message_without_add_note():
+  # Python 3.10 has no BaseException.add_note: the hint goes into the message.
+  class OldStyleError(TypeError):
+    add_note = property(lambda self: (_ for _ in ()).throw(AttributeError))
+
+  def fn(scope, x, train=False):
+    return x
+
+  error = OldStyleError('Attempted boolean conversion of traced array.')
+  ext_lift._StaticArgs(fn).explain_concretization_error(error, (X, True), {})
+  assert str(error).startswith('Attempted boolean conversion')
+  assert "static_argnames='train'" in str(error)
