@@ -41,6 +41,16 @@ from flax_tieext import linen as nn
 # pylint: enable=g-importing-member,unused-import
 
 
+# Remat with static arguments
+# ------------------------------------------------------------------------------
+# Static arguments used to be implemented here by closure, to work around a
+# scan(remat(...)) abstraction bug; lift.checkpoint now does the same for every
+# entry point, and resolves them through the wrapped method's signature.
+# core_remat_static keeps its name: lift_transform names the transformed Module
+# class after it (Core_remat_staticMLP), and with it the auto-generated names
+# of submodules in existing checkpoints.
+
+
 def core_remat_static(
     fn,
     variables=True,
