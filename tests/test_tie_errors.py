@@ -10,6 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 import flax_tieext
+
+# nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
+pytestmark = pytest.mark.needs_patch
 from flax_tieext import TieError
 
 D = 3

@@ -15,6 +15,9 @@ import pytest
 
 import flax_tieext  # noqa: F401
 
+# nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
+pytestmark = pytest.mark.needs_patch
+
 WRAPS = {
     'none': lambda cls: cls,
     'remat': nn.remat,

@@ -18,6 +18,9 @@ import pytest
 
 import flax_tieext  # noqa: F401  (installs nn.tie)
 
+# nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
+pytestmark = pytest.mark.needs_patch
+
 N_BLOCKS = 3
 D = 8
 SEQ = 5

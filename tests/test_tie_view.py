@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 import flax_tieext
+
+# nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
+pytestmark = pytest.mark.needs_patch
 from flax_tieext import TieError
 
 VOCAB, D = 11, 4

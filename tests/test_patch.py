@@ -1,0 +1,158 @@
+"""The import-time monkeypatch: reversible, idempotent, version-checked."""
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import flax
+import flax.core
+import flax.core.lift
+import flax.core.scope
+import flax.linen as nn
+import flax.linen.partitioning
+import flax.linen.transforms
+import pytest
+
+import flax_tieext
+from flax_tieext import _compat
+from flax_tieext import _patch
+
+# On a Flax that has both features natively nothing is patched: these tests
+# then do not apply, and test_install_is_a_no_op_on_native_flax runs instead.
+patching = pytest.mark.skipif(
+    flax_tieext.is_native(), reason='native Flax: install() patches nothing')
+
+BOUND = [
+    (flax.core.lift, 'checkpoint'), (flax.core.lift, 'remat'),
+    (flax.core, 'remat'), (flax.linen.transforms, 'checkpoint'),
+    (flax.linen.transforms, 'remat'), (nn, 'checkpoint'), (nn, 'remat'),
+    (flax.linen.partitioning, 'remat'), (flax.core.lift, '_partial_pack'),
+    (flax.core.scope.Scope, 'push'), (flax.core.scope.Scope, '_collection'),
+    (flax.core.scope.Scope, '_mutable_collection'),
+    (flax.core.scope.Scope, 'get_variable'),
+    (flax.core.scope.Scope, 'has_variable'),
+    (flax.core.scope.Scope, 'put_variable'),
+]
+ADDED = [(flax.core.lift, 'tie'), (flax.linen.transforms, 'tie'), (nn, 'tie')]
+
+
+def snapshot():
+  return {(id(owner), attr): vars(owner).get(attr) for owner, attr in
+          BOUND + ADDED}
+
+
+@pytest.fixture
+def originals():
+  """The exact original objects, read while the patch is uninstalled."""
+  was_installed = flax_tieext.is_installed()
+  flax_tieext.uninstall()
+  try:
+    yield snapshot()
+  finally:
+    if was_installed:
+      flax_tieext.install()
+    else:
+      flax_tieext.uninstall()
+
+
+@patching
+def test_uninstall_restores_the_exact_original_objects(originals):
+  flax_tieext.install()
+  assert flax_tieext.is_installed()
+  assert nn.tie is flax_tieext.linen.tie
+  assert nn.remat is flax_tieext.linen.remat
+  assert flax.core.lift.checkpoint is flax_tieext.lift.checkpoint
+  flax_tieext.uninstall()
+  assert not flax_tieext.is_installed()
+  after = snapshot()
+  for owner, attr in BOUND:
+    assert after[(id(owner), attr)] is originals[(id(owner), attr)], attr
+  for owner, attr in ADDED:
+    assert attr not in vars(owner), f'{owner.__name__}.{attr} left behind'
+
+
+@patching
+def test_install_twice_is_a_no_op(originals):
+  flax_tieext.install()
+  first = snapshot()
+  flax_tieext.install()
+  assert snapshot() == first
+  flax_tieext.uninstall()
+  flax_tieext.uninstall()  # and so is a second uninstall
+  assert snapshot() == originals
+
+
+@patching
+def test_reload_keeps_one_installation(originals):
+  flax_tieext.install()
+  installed = snapshot()
+  importlib.reload(flax_tieext)
+  assert flax_tieext.is_installed()
+  assert snapshot() == installed  # the Scope hooks are not wrapped twice
+  hook = flax.core.scope.Scope.push
+  assert hook.__wrapped__ is originals[(id(flax.core.scope.Scope), 'push')]
+  flax_tieext.uninstall()
+  assert snapshot() == originals
+
+
+@patching
+def test_install_refuses_a_flax_it_cannot_patch(originals, monkeypatch):
+  monkeypatch.setattr(_compat, 'missing_features',
+                      lambda: ['flax.core.lift._partial_pack (test)'])
+  with pytest.raises(flax_tieext.PatchError) as info:
+    flax_tieext.install()
+  message = str(info.value)
+  assert _compat.FLAX_VERSION in message
+  assert '_partial_pack' in message
+  assert snapshot() == originals  # Flax untouched
+
+
+@patching
+def test_autopatch_warns_and_leaves_flax_untouched(originals, monkeypatch):
+  monkeypatch.setattr(_compat, 'missing_features',
+                      lambda: ['flax.core.lift.pack (test)'])
+  with pytest.warns(RuntimeWarning, match='cannot patch Flax'):
+    _patch.autopatch()
+  assert snapshot() == originals
+
+
+def run_python(code, **env):
+  full_env = dict(os.environ, **env)
+  return subprocess.run([sys.executable, '-c', textwrap.dedent(code)],
+                        capture_output=True, text=True, env=full_env,
+                        check=False)
+
+
+@patching
+def test_opt_out_with_environment_variable():
+  result = run_python("""
+      import flax.linen as nn
+      import flax_tieext
+      print(flax_tieext.is_installed(), hasattr(nn, 'tie'))
+      flax_tieext.install()
+      print(flax_tieext.is_installed(), hasattr(nn, 'tie'))
+  """, FLAX_TIEEXT_AUTOPATCH='0')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['False', 'False', 'True', 'True']
+
+
+@patching
+def test_import_patches_by_default():
+  result = run_python("""
+      import flax.linen as nn
+      import flax_tieext
+      print(flax_tieext.is_installed(), nn.tie is flax_tieext.linen.tie)
+  """, FLAX_TIEEXT_AUTOPATCH='1')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['True', 'True']
+
+
+@pytest.mark.skipif(not flax_tieext.is_native(), reason='Flax is not native')
+def test_install_is_a_no_op_on_native_flax():
+  before = snapshot()
+  flax_tieext.install()
+  assert not flax_tieext.is_installed()
+  assert snapshot() == before
+  assert flax_tieext.linen.tie is nn.tie
