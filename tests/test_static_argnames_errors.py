@@ -335,3 +335,21 @@ def test_note_is_appended_to_the_message_without_add_note():
   ext_lift._StaticArgs(fn).explain_concretization_error(error, (X, True), {})
   assert str(error).startswith('Attempted boolean conversion')
   assert "static_argnames='train'" in str(error)
+
+
+class Masked(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, mask=None, deterministic=False):
+    return nn.Dropout(0.5, deterministic=deterministic)(x)
+
+
+@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
+def test_named_static_array_says_to_remove_it(entry):
+  remat = entry()(Masked, static_argnames='mask')
+  with pytest.raises(ValueError) as excinfo:
+    remat().init(jax.random.key(0), X, X)
+  message = _message(excinfo)
+  assert '`mask` of Masked.__call__' in message
+  assert 'Remove `mask` from static_argnames' in message
+  assert "static_argnames='deterministic'" in message

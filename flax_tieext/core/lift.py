@@ -384,17 +384,23 @@ class _StaticArgs:
     array = next((x for x in leaves if _is_array(x)), None)
     if array is not None:
       meant = self._probable_flag(label, received)
-      if meant is None:
+      if origin == 'static_argnames':
+        advice = f'Remove `{label}` from static_argnames: arrays are traced.' + (
+            f' If you meant `{meant}`: static_argnames={meant!r}.'
+            if meant
+            else ''
+        )
+      elif meant is None:
         advice = (
-            f'Remove `{label}` from {origin.split(" index")[0]}, or name the'
-            ' argument you meant: static_argnames=...'
+            f'Remove `{label}` from static_argnums, or name the argument you'
+            " meant: static_argnames='...'."
         )
       else:
         index = self._index_of(meant)
         by_index = (
             f' In the numbering of {self.transform} that is'
             f' static_argnums={index}.'
-            if index is not None and origin != 'static_argnames'
+            if index is not None
             else ''
         )
         advice = (
