@@ -273,3 +273,30 @@ def test_tie_without_the_scope_machinery_says_how_to_install():
     assert 'flax_tieext.install()' in str(info.value)
   finally:
     flax_tieext.install()
+
+
+class ScanLayer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, _):
+    return Leaf(name='leaf')(x), None
+
+
+def test_target_in_scan_cannot_initialize_a_source_outside_it():
+  """Broadcast is read-only: the source must exist before the stack runs."""
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      stack = nn.scan(ScanLayer, variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=2)
+      x, _ = stack(name='stack')(x, None)
+      return Leaf(name='src')(x)  # the source runs after the stack
+
+  with pytest.raises(TieError) as info:
+    init(nn.tie(Model, {'stack/leaf': 'src'}))
+  message = str(info.value)
+  assert 'cannot land' in message and 'scan' in message
+  assert '/stack/leaf' in message and '/src' in message
+  assert 'read-only (broadcast)' in message
