@@ -406,7 +406,8 @@ def _peek(scope, path: Path, col: str):
 def _storage(scope, tie: Tie, path: Path, col: str, write: bool):
   """The stored collection dict at ``path`` (a module path) for ``tie``.
 
-  Returns ``None`` when reading a dict that does not exist yet.
+  Returns ``(node, crossed)``: the dict (``None`` when reading one that does
+  not exist yet) and the transforms crossed by closure to reach it.
   """
   base, rest, crossed = _locate(scope, path)
   if base is None:
@@ -442,13 +443,13 @@ def _storage(scope, tie: Tie, path: Path, col: str, write: bool):
       if name not in node:
         _record_created(base.path + rest[: i + 1])
       node = node.setdefault(name, {})
-    return node
+    return node, crossed
   node = base._collection(col)  # pylint: disable=protected-access
   for name in rest:
     if not isinstance(node, Mapping) or name not in node:
-      return None
+      return None, crossed
     node = node[name]
-  return node
+  return node, crossed
 
 
 def _module_tie(scope, col: str) -> Tie | None:
@@ -553,14 +554,14 @@ def tie_aware_collection(original):
       tie = _module_tie(self, col)
       if tie is not None:
         _record(self, tie)
-        node = _storage(self, tie, tie.source, col, write=False)
+        node, crossed = _storage(self, tie, tie.source, col, write=False)
         if node is None:
           if not self.is_mutable_collection(col):
             _check_source_exists(self, tie)
           return FrozenDict()
         if tie.view is not None:
           return jax.tree_util.tree_map(tie.view, node)
-        if not _locate(self, tie.source)[2]:
+        if not crossed:
           self._variables[col] = node  # pylint: disable=protected-access
         return node
     if (col not in self._variables and self.parent is None  # pylint: disable=protected-access
@@ -584,7 +585,7 @@ def tie_aware_mutable_collection(original):
         if tie.view is not None:
           _read_only_view(tie, col, self)
         _record(self, tie)
-        node = _storage(self, tie, tie.source, col, write=True)
+        node, _ = _storage(self, tie, tie.source, col, write=True)
         self._variables[col] = node  # pylint: disable=protected-access
         return node
     return original(self, col)
@@ -602,7 +603,7 @@ def tie_aware_get_variable(original):
       _record_source_use(self, col, name)
       return original(self, col, name, default)
     _record(self, tie)
-    parent = _storage(self, tie, tie.source[:-1], col, write=False)
+    parent, _ = _storage(self, tie, tie.source[:-1], col, write=False)
     if parent is None or tie.source[-1] not in parent:
       return default
     value = parent[tie.source[-1]]
@@ -621,7 +622,7 @@ def tie_aware_has_variable(original):
       _record_source_use(self, col, name)
       return original(self, col, name)
     _record(self, tie)
-    parent = _storage(self, tie, tie.source[:-1], col, write=False)
+    parent, _ = _storage(self, tie, tie.source[:-1], col, write=False)
     found = parent is not None and tie.source[-1] in parent
     if not found and not self.is_mutable_collection(col):
       _raise_missing_source(self, tie, col)
@@ -645,7 +646,7 @@ def tie_aware_put_variable(original):
     if not self.is_mutable_collection(col):
       return original(self, col, name, value)  # raises Flax's own error
     _record(self, tie)
-    parent = _storage(self, tie, tie.source[:-1], col, write=True)
+    parent, _ = _storage(self, tie, tie.source[:-1], col, write=True)
     _check_like(tie, col, parent.get(tie.source[-1], _ABSENT), value)
     parent[tie.source[-1]] = value
     return None
@@ -889,20 +890,26 @@ def _record_source_use(scope, col, name):
 
 @contextlib.contextmanager
 def checking(scope, ties: tuple[Tie, ...]):
-  """Checks, at the end of an initializing call, that every tie resolved."""
-  initializing = bool(scope.flags.get('initializing', False))
-  frame = {'ties': set(ties), 'used': set(), 'pushed': set(),
-           'variables': set(), 'created': set()}
-  _tracker.stack.append(frame)
+  """Checks, at the end of an initializing call, that every tie resolved.
+
+  Only ``init`` records what is created (outside it, nothing is tracked and
+  the hooks stay as cheap as a flag lookup).
+  """
   try:
-    yield
+    if not scope.flags.get('initializing', False):
+      yield
+      return
+    frame = {'ties': set(ties), 'used': set(), 'pushed': set(),
+             'variables': set(), 'created': set()}
+    _tracker.stack.append(frame)
+    try:
+      yield
+    finally:
+      _tracker.stack.remove(frame)
+    _check_resolved(scope, ties, frame)
   except Exception as e:  # pylint: disable=broad-except
     _reraise_shape_error(e, ties)
     raise
-  finally:
-    _tracker.stack.remove(frame)
-  if initializing:
-    _check_resolved(scope, ties, frame)
 
 
 def _reraise_shape_error(e, ties):
