@@ -1,0 +1,517 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""The seed scenario end to end: ``python -m flax_tieext.demo`` (``flax-tieext``).
+
+A T5-style encoder (:mod:`flax_tieext.examples.t5`) whose blocks are rematted
+with ``nn.checkpoint(Block, static_argnames=('deterministic',))`` and whose
+``graph`` collection (the attention mask every block reads) is tied across
+blocks with ``nn.tie``, trained for a few hundred optax steps on synthetic
+data. Then a table compares it with the untied reference (the same encoder
+without ``nn.tie``, the mask copied into every block): variables stored,
+compiled temp memory with and without remat, step time, and the gradients.
+
+Run ``python -m flax_tieext.demo --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import flax_tieext
+from flax_tieext.examples import measure
+from flax_tieext.examples import t5
+from flax_tieext.examples import task
+
+PROG = 'flax-tieext'
+BATCH_SIZE = 8
+LEARNING_RATE = 3e-3
+TIMING_REPEATS = 10
+PLOT_DEPTHS = (1, 2, 4, 8, 12, 16, 24)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected a positive integer, got {text!r}'
+                                     ) from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'expected a positive integer, got {value}')
+  return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The demo's command-line parser."""
+  parser = argparse.ArgumentParser(
+      prog=PROG,
+      description=(
+          'Train a T5-style encoder whose rematted blocks share one attention'
+          ' mask (collection "graph") through nn.tie, then compare it with'
+          ' the untied reference.'),
+  )
+  parser.add_argument('--layers', type=_positive_int, default=12,
+                      help='number of encoder blocks (default: %(default)s)')
+  parser.add_argument('--steps', type=_positive_int, default=300,
+                      help='optax training steps (default: %(default)s)')
+  parser.add_argument('--no-remat', action='store_true',
+                      help='train the encoder without nn.checkpoint')
+  parser.add_argument('--plot', metavar='FILE.png',
+                      help='also plot compiled memory against depth for no'
+                      ' remat / remat / remat+tie (needs matplotlib: pip'
+                      ' install "flax_tieext[plot]")')
+  return parser
+
+
+def _plot_path_problem(path: str) -> str | None:
+  """Why the plot cannot be written to ``path``, or ``None`` if it can."""
+  directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    return f'cannot write the plot to {path}: directory {directory} does not exist'
+  if not os.access(directory, os.W_OK):
+    return f'cannot write the plot to {path}: directory {directory} is not writable'
+  if os.path.isdir(path):
+    return f'cannot write the plot to {path}: it is a directory'
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return ('--plot needs matplotlib, which is not installed; install it with'
+            ' pip install "flax_tieext[plot]"')
+  return None
+
+
+# ---------------------------------------------------------------------------
+# Progress bar
+# ---------------------------------------------------------------------------
+
+
+class ProgressBar:
+  """A one-line progress bar on a terminal; a few plain lines elsewhere."""
+
+  def __init__(self, total: int, stream: TextIO | None = None,
+               width: int = 30):
+    self.total = total
+    self.stream = sys.stderr if stream is None else stream
+    self.width = width
+    self.tty = hasattr(self.stream, 'isatty') and self.stream.isatty()
+    self.start = time.perf_counter()
+    self._last_draw = 0.0
+    self._last_tenth = -1
+
+  def update(self, done: int, loss: float) -> None:
+    """Shows that ``done`` of ``total`` steps ran; ``loss`` is the latest."""
+    now = time.perf_counter()
+    if self.tty:
+      if done < self.total and now - self._last_draw < 0.1:
+        return
+      self._last_draw = now
+      self.stream.write('\r' + self._line(done, loss, now))
+      if done == self.total:
+        self.stream.write('\n')
+    else:
+      tenth = done * 10 // self.total
+      if tenth == self._last_tenth:
+        return
+      self._last_tenth = tenth
+      self.stream.write(self._line(done, loss, now) + '\n')
+    self.stream.flush()
+
+  def _line(self, done: int, loss: float, now: float) -> str:
+    filled = self.width * done // self.total
+    bar = '#' * filled + '.' * (self.width - filled)
+    rate = done / max(now - self.start, 1e-9)
+    return (f'train [{bar}] {done:>{len(str(self.total))}}/{self.total}'
+            f'  loss {loss:.3f}  {rate:.1f} steps/s')
+
+
+def _status(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Models and measurements
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Variant:
+  """One encoder variant, compiled: loss and gradient of the parameters."""
+
+  tied: bool
+  remat: bool
+  variables: dict[str, Any]
+  grad_fn: Any  # compiled (params, graph, tokens, targets, key) -> (loss, grads)
+  stats: measure.CompiledStats
+
+  @property
+  def graph(self) -> dict[str, Any]:
+    return {'graph': self.variables['graph']}
+
+  def value_and_grad(self, params, tokens, targets, key):
+    return self.grad_fn(params, self.graph, tokens, targets, key)
+
+
+def _compile_variant(config: t5.T5Config, variables: dict[str, Any], *,
+                     tied: bool, remat: bool, batch) -> Variant:
+  model = t5.make_encoder(config, tied=tied, remat=remat)
+  fn = jax.jit(jax.value_and_grad(functools.partial(t5.loss_fn, model)))
+  tokens, targets = batch
+  compiled, stats = measure.compile_stats(
+      fn, variables['params'], {'graph': variables['graph']}, tokens, targets,
+      jax.random.key(0))
+  return Variant(tied, remat, variables, compiled, stats)
+
+
+def _tied_and_untied_variables(config: t5.T5Config, tokens):
+  model = t5.make_encoder(config, tied=True, remat=False)
+  tied = model.init(jax.random.key(0), tokens, deterministic=True)
+  untied = flax_tieext.untie_variables(
+      tied, t5.mask_ties(config.num_layers), collections='graph')
+  return dict(tied), untied
+
+
+def _train(variant: Variant, config: t5.T5Config, steps: int):
+  """Trains ``variant``'s parameters; returns them, the losses, step times."""
+  tx = optax.adamw(LEARNING_RATE)
+  params = variant.variables['params']
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def update(grads, opt_state, params):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  @jax.jit
+  def batch(step):
+    key = jax.random.fold_in(jax.random.key(1), step)
+    data_key, dropout_key = jax.random.split(key)
+    return (*task.synthetic_batch(data_key, BATCH_SIZE, config.length,
+                                 config.vocab_size), dropout_key)
+
+  bar = ProgressBar(steps)
+  losses, times = [], []
+  for step in range(steps):
+    t0 = time.perf_counter()
+    tokens, targets, dropout_key = batch(step)
+    loss, grads = variant.value_and_grad(params, tokens, targets, dropout_key)
+    params, opt_state = update(grads, opt_state, params)
+    losses.append(float(loss))  # waits for the step
+    times.append(time.perf_counter() - t0)
+    bar.update(step + 1, losses[-1])
+  return params, losses, times
+
+
+def _max_abs_difference(a, b) -> float:
+  diffs = jax.tree_util.tree_map(
+      lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)
+  return max(jax.tree_util.tree_leaves(diffs), default=0.0)
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def _count_bytes(tree) -> str:
+  count, nbytes = measure.tree_size(tree)
+  return f'{count} ({measure.format_bytes(nbytes)})'
+
+
+def _ratio(a: float, b: float) -> str:
+  return f'{a / b:.3f}' if b else 'n/a'
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  lines = []
+  for n, row in enumerate(rows):
+    cells = [row[0].ljust(widths[0])] + [
+        c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+    lines.append('  '.join(cells).rstrip())
+    if n == 0:
+      lines.append('  '.join('-' * w for w in widths))
+  return '\n'.join(lines)
+
+
+@dataclasses.dataclass
+class Results:
+  """Everything the demo measured.
+
+  Attributes:
+    config: the encoder's sizes.
+    trained: which variant was trained, e.g. ``'tied, remat'``.
+    losses: the training loss of each step.
+    step_times: the wall time of each training step, in seconds.
+    tied_vars: the variables the tied encoder stores.
+    untied_vars: the same with the mask copied into every block.
+    variants: ``{(tied, remat): Variant}``.
+    step_medians: ``{(tied, remat): seconds}`` per loss-and-gradient call.
+    loss_difference: ``|loss tied - loss untied|``.
+    grad_difference: ``max |grad tied - grad untied|`` over all parameters.
+    barriers_kept: whether :func:`measure.keep_remat_on_cpu` took effect.
+  """
+
+  config: t5.T5Config
+  trained: str
+  losses: list[float]
+  step_times: list[float]
+  tied_vars: dict[str, Any]
+  untied_vars: dict[str, Any]
+  variants: dict[tuple[bool, bool], Variant]
+  step_medians: dict[tuple[bool, bool], float]
+  loss_difference: float
+  grad_difference: float
+  barriers_kept: bool
+
+
+def report(r: Results) -> str:
+  """The demo's printed summary."""
+  config, tied_vars, untied_vars = r.config, r.tied_vars, r.untied_vars
+  variants, step_medians = r.variants, r.step_medians
+  mib = measure.format_bytes
+  t_r, t_n = variants[True, True], variants[True, False]
+  u_r, u_n = variants[False, True], variants[False, False]
+  rows = [
+      ('', 'tied (nn.tie)', 'untied reference', 'tied/untied'),
+      ("variables stored in 'graph' (count, bytes)",
+       _count_bytes(tied_vars['graph']), _count_bytes(untied_vars['graph']),
+       _ratio(measure.tree_size(tied_vars['graph'])[1],
+              measure.tree_size(untied_vars['graph'])[1])),
+      ('all variables stored (count, bytes)',
+       _count_bytes(tied_vars), _count_bytes(untied_vars),
+       _ratio(measure.tree_size(tied_vars)[1],
+              measure.tree_size(untied_vars)[1])),
+      ('compiled temp memory, remat', mib(t_r.stats.temp_bytes),
+       mib(u_r.stats.temp_bytes),
+       _ratio(t_r.stats.temp_bytes, u_r.stats.temp_bytes)),
+      ('compiled temp memory, no remat', mib(t_n.stats.temp_bytes),
+       mib(u_n.stats.temp_bytes),
+       _ratio(t_n.stats.temp_bytes, u_n.stats.temp_bytes)),
+      ('temp memory remat / no remat',
+       _ratio(t_r.stats.temp_bytes, t_n.stats.temp_bytes),
+       _ratio(u_r.stats.temp_bytes, u_n.stats.temp_bytes), ''),
+      ('step time, remat (median)', f'{step_medians[True, True] * 1e3:.1f} ms',
+       f'{step_medians[False, True] * 1e3:.1f} ms',
+       _ratio(step_medians[True, True], step_medians[False, True])),
+      ('step time, no remat (median)',
+       f'{step_medians[True, False] * 1e3:.1f} ms',
+       f'{step_medians[False, False] * 1e3:.1f} ms',
+       _ratio(step_medians[True, False], step_medians[False, False])),
+      ('step time remat / no remat',
+       _ratio(step_medians[True, True], step_medians[True, False]),
+       _ratio(step_medians[False, True], step_medians[False, False]), ''),
+  ]
+  train_ms = 1e3 * float(np.median(r.step_times[1:] or r.step_times))
+  lines = [
+      f'T5-style encoder: {config.num_layers} blocks, d_model {config.d_model},'
+      f' {config.num_heads} heads, length {config.length}, batch {BATCH_SIZE};'
+      f" one {config.length}x{config.length} attention mask in collection"
+      " 'graph', tied across blocks with nn.tie",
+      f'trained {r.trained} for {len(r.losses)} optax steps: loss'
+      f' {r.losses[0]:.3f} -> {r.losses[-1]:.3f} (median step'
+      f' {train_ms:.1f} ms)',
+      '',
+      _table(rows),
+      '',
+      f'gradient check ({r.trained}, same parameters, same dropout key):'
+      f' max |grad tied - grad untied| = {r.grad_difference:.2e},'
+      f' |loss tied - loss untied| = {r.loss_difference:.2e}',
+  ]
+  if not r.barriers_kept:
+    lines.append(
+        'note: XLA:CPU was initialized before the demo could keep remat\'s'
+        ' optimization barriers (see flax_tieext.examples.measure), so the'
+        ' remat temp memory above is what plain XLA:CPU reports.')
+  return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Plot
+# ---------------------------------------------------------------------------
+
+
+def memory_by_depth(depths: Sequence[int], base: t5.T5Config):
+  """Compiled temp and argument bytes per depth for none/remat/remat+tie."""
+  kinds = {'no remat': (False, False), 'remat': (False, True),
+           'remat + tie': (True, True)}
+  out = {kind: [] for kind in kinds}
+  for depth in depths:
+    config = dataclasses.replace(base, num_layers=depth)
+    tokens = jax.ShapeDtypeStruct((BATCH_SIZE, config.length), jnp.int32)
+    for kind, (tied, remat) in kinds.items():
+      _status(f'compiling for the plot: {depth} blocks, {kind}')
+      model = t5.make_encoder(config, tied=tied, remat=remat)
+      shapes = jax.eval_shape(
+          functools.partial(model.init, deterministic=True),
+          jax.random.key(0), tokens)
+      fn = jax.jit(jax.value_and_grad(functools.partial(t5.loss_fn, model)))
+      _, stats = measure.compile_stats(
+          fn, shapes['params'], {'graph': shapes['graph']}, tokens, tokens,
+          jax.random.key(0))
+      out[kind].append((stats.temp_bytes, stats.argument_bytes))
+  return out
+
+
+def save_plot(path: str, depths: Sequence[int], memory) -> None:
+  """Writes the memory-vs-depth figure to ``path`` (PNG)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  titles = ('compiled temp memory (activations)',
+            'argument memory (stored variables + batch)')
+  for index, (ax, title) in enumerate(zip(axes, titles)):
+    for kind, values in memory.items():
+      ax.plot(depths, [v[index] / 2**20 for v in values], marker='o',
+              label=kind)
+    ax.set_title(title)
+    ax.set_xlabel('encoder blocks')
+    ax.set_ylabel('MiB')
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+  fig.suptitle('T5-style encoder, loss + gradient (XLA memory_analysis)')
+  fig.tight_layout()
+  try:
+    fig.savefig(path, format='png', dpi=120)
+  finally:
+    plt.close(fig)
+
+
+def plot_depths(layers: int) -> list[int]:
+  """The depths the plot compiles: the usual ones up to ``layers``, and it."""
+  return sorted({d for d in PLOT_DEPTHS if d <= max(layers, 2)} | {layers})
+
+
+def write_plot(path: str, layers: int) -> bool:
+  """Measures and plots memory against depth; ``False`` if writing failed."""
+  depths = plot_depths(layers)
+  memory = memory_by_depth(depths, t5.T5Config())
+  try:
+    save_plot(path, depths, memory)
+  except OSError as e:
+    print(f'{PROG}: error: cannot write the plot to {path}: {e}',
+          file=sys.stderr)
+    return False
+  print(f'plot: {path}')
+  return True
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _patch_installed() -> Iterator[None]:
+  """``nn.tie`` and ``static_argnames`` in Flax while the demo runs.
+
+  Under ``FLAX_TIEEXT_AUTOPATCH=0`` the patch is installed for the demo only.
+  """
+  if flax_tieext.is_installed() or flax_tieext.is_native():
+    yield
+    return
+  _status('flax_tieext: installing nn.tie and static_argnames into Flax for'
+          ' the demo (FLAX_TIEEXT_AUTOPATCH=0 is set)')
+  flax_tieext.install()
+  try:
+    yield
+  finally:
+    flax_tieext.uninstall()
+
+
+def run(args: argparse.Namespace) -> Results:
+  """Trains and measures."""
+  barriers_kept = measure.keep_remat_on_cpu()
+  config = t5.T5Config(num_layers=args.layers)
+  probe = task.synthetic_batch(jax.random.key(0), BATCH_SIZE, config.length,
+                               config.vocab_size)
+  tied_vars, untied_vars = _tied_and_untied_variables(config, probe[0])
+  variants = {}
+  for tied in (True, False):
+    for remat in (True, False):
+      _status(f'compiling loss + gradient: {"tied" if tied else "untied"},'
+              f' {"remat" if remat else "no remat"}')
+      variables = tied_vars if tied else untied_vars
+      variants[tied, remat] = _compile_variant(
+          config, variables, tied=tied, remat=remat, batch=probe)
+
+  remat = not args.no_remat
+  trained = 'tied, ' + ('remat' if remat else 'no remat')
+  params, losses, step_times = _train(variants[True, remat], config,
+                                      args.steps)
+
+  key = jax.random.key(2)
+  step_medians = {
+      k: measure.median_seconds(v.value_and_grad, params, *probe, key,
+                                repeats=TIMING_REPEATS)
+      for k, v in variants.items()}
+  tied_loss, tied_grads = variants[True, remat].value_and_grad(
+      params, *probe, key)
+  untied_loss, untied_grads = variants[False, remat].value_and_grad(
+      params, *probe, key)
+  return Results(
+      config=config, trained=trained, losses=losses, step_times=step_times,
+      tied_vars=tied_vars, untied_vars=untied_vars, variants=variants,
+      step_medians=step_medians,
+      loss_difference=abs(float(tied_loss) - float(untied_loss)),
+      grad_difference=_max_abs_difference(tied_grads, untied_grads),
+      barriers_kept=barriers_kept)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs the demo; returns the process exit code.
+
+  Args:
+    argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+  Returns:
+    0 on success, 1 if the plot could not be written. Bad flags exit with
+    argparse's usage error (code 2).
+  """
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if args.plot is not None:
+    problem = _plot_path_problem(args.plot)
+    if problem:
+      parser.error(problem)
+  start = time.perf_counter()
+  with _patch_installed():
+    print(report(run(args)), flush=True)
+    if args.plot is not None and not write_plot(args.plot, args.layers):
+      return 1
+  print(f'wall time: {time.perf_counter() - start:.1f} s')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,23 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Small models shared by the demo (``python -m flax_tieext.demo``), the docs
+and the benchmarks, each in a file named for it:
+
+* :mod:`flax_tieext.examples.t5`: a T5-style encoder whose blocks share one
+  attention mask (collection ``graph``), tied with ``nn.tie``.
+* :mod:`flax_tieext.examples.albert`: an ALBERT-style encoder whose blocks
+  share one attention module, written the upstream way (a shared module passed
+  in as an attribute) and the tied way.
+"""
