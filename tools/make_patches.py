@@ -656,7 +656,7 @@ def new_module_text(ours: pathlib.Path) -> str:
   text = strip_plugin_only(ours.read_text(), _rel(ours))
   text = re.sub(r'\A(# Copyright \d+ The )flax-tieext( Authors\.)',
                 r'\1Flax\2', text)
-  return strip_section_markers(respell(text))
+  return strip_section_markers(respell(text)).rstrip('\n') + '\n'
 
 
 # ---------------------------------------------------------------------------
@@ -703,7 +703,7 @@ def test_text(ours: pathlib.Path) -> str:
       if str(e).startswith('line '):
         raise PatchGenerationError(f'{_rel(ours)}:{str(e)[5:]}') from None
       raise
-  text = respell(re.sub(r'\n{4,}', '\n\n\n', text))
+  text = respell(re.sub(r'\n{4,}', '\n\n\n', text)).rstrip('\n') + '\n'
   if text.startswith('# Copyright'):
     return re.sub(r'\A(# Copyright \d+ The )flax-tieext( Authors\.)',
                   r'\1Flax\2', text)
@@ -1345,7 +1345,9 @@ def apply_series(version: str, dest: pathlib.Path,
     raise PatchGenerationError(f'no patches in {patches / version}')
   pristine_repo(version, dest)
   for patch in series:
-    for args in (('apply', '--check'), ('apply',)):
+    # Whitespace errors (trailing spaces, blank lines at the end of a file)
+    # are what `git am` warns about and reviewers flag: refuse them.
+    for args in (('apply', '--check', '--whitespace=error'), ('apply',)):
       try:
         git(dest, *args, str(patch.resolve()))
       except subprocess.CalledProcessError as e:
