@@ -18,8 +18,8 @@
 * Compiled cost and memory: :func:`compile_stats` lowers and compiles a jitted
   function and reads XLA's ``cost_analysis()`` (FLOPs) and
   ``memory_analysis()`` (temp, argument and output bytes).
-* Time: :func:`median_seconds` runs a function a few times and takes the
-  median, the statistic least disturbed by a shared machine.
+* Time: :class:`Interleaved` runs functions round by round and takes
+  medians, the statistic least disturbed by a shared machine.
 
 XLA:CPU and remat: XLA's CPU pipeline expands the optimization barriers that
 ``jax.checkpoint`` (``nn.remat``) places around the recomputation before
@@ -132,19 +132,40 @@ def compile_stats(jitted: Any, *args: Any) -> tuple[Any, CompiledStats]:
   )
 
 
-def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 10
-                   ) -> float:
-  """Median wall time of ``fn(*args)`` over ``repeats`` runs, after a warm-up.
+class Interleaved:
+  """Times several functions round by round (a, b, a, b, ...).
 
-  Waits for asynchronous results (``jax.block_until_ready``).
+  A change in the machine's load during the measurement then hits every
+  function alike, so the ratio of their medians stays meaningful. Results are
+  waited for (``jax.block_until_ready``).
+
+  Args:
+    fns: ``{name: function of no arguments}``.
   """
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+
+  def __init__(self, fns: dict[str, Callable[[], Any]]):
+    self.fns = fns
+    self.samples: dict[str, list[float]] = {name: [] for name in fns}
+
+  def one_round(self) -> None:
+    """Runs every function once, recording its wall time."""
+    for name, fn in self.fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      self.samples[name].append(time.perf_counter() - t0)
+
+  def run(self, rounds: int, warmup: int = 1) -> Interleaved:
+    """``warmup`` unrecorded rounds, then ``rounds`` recorded ones."""
+    for _ in range(warmup):
+      for fn in self.fns.values():
+        jax.block_until_ready(fn())
+    for _ in range(rounds):
+      self.one_round()
+    return self
+
+  def median(self, name: str) -> float:
+    """The median wall time of ``name``, in seconds."""
+    return statistics.median(self.samples[name])
 
 
 def format_bytes(n: float) -> str:

@@ -103,23 +103,32 @@ class Encoder(nn.Module):
     config: the sizes.
     remat: wrap every block in
       ``nn.checkpoint(Block, static_argnames=('deterministic',))``.
+    static_argnums: instead, write the remat the way upstream Flax needs it:
+      ``nn.checkpoint(Block, static_argnums=(2,))`` with ``deterministic``
+      passed positionally (the benchmarks compare the two).
   """
 
   config: T5Config
   remat: bool = True
+  static_argnums: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, deterministic: bool = False
                ) -> jax.Array:
     cfg = self.config
     block = Block
-    if self.remat:
+    if self.remat and self.static_argnums:
+      block = nn.checkpoint(Block, static_argnums=(2,))
+    elif self.remat:
       block = nn.checkpoint(Block, static_argnames=('deterministic',))
     x = nn.Embed(cfg.vocab_size, cfg.d_model, name='embed')(tokens)
     x = x + self.param('position_embedding', nn.initializers.normal(0.02),
                        (cfg.length, cfg.d_model))[:tokens.shape[-1]]
     for i in range(cfg.num_layers):
-      x = block(cfg, name=f'block_{i}')(x, deterministic=deterministic)
+      if self.static_argnums:
+        x = block(cfg, name=f'block_{i}')(x, deterministic)
+      else:
+        x = block(cfg, name=f'block_{i}')(x, deterministic=deterministic)
     x = nn.RMSNorm(name='final_norm')(x)
     return nn.Dense(cfg.vocab_size, use_bias=False, name='logits')(x)
 
@@ -129,23 +138,25 @@ def mask_ties(num_layers: int) -> dict[str, str]:
   return {f'block_{i}': 'block_0' for i in range(1, num_layers)}
 
 
-def make_encoder(config: T5Config, *, tied: bool = True, remat: bool = True
-                 ) -> nn.Module:
+def make_encoder(config: T5Config, *, tied: bool = True, remat: bool = True,
+                 static_argnums: bool = False) -> nn.Module:
   """The encoder, with its ``graph`` collection tied across blocks or not.
 
   Args:
     config: the sizes.
     tied: store the mask once (``nn.tie``); otherwise once per block.
     remat: remat every block.
+    static_argnums: remat with upstream's positional ``static_argnums``
+      instead of ``static_argnames`` (see ``Encoder``).
 
   Returns:
     An ``Encoder`` (a tied subclass of it when ``tied``).
   """
   if not tied:
-    return Encoder(config, remat=remat)
+    return Encoder(config, remat=remat, static_argnums=static_argnums)
   tied_encoder = nn.tie(Encoder, mask_ties(config.num_layers),
                         collections='graph')
-  return tied_encoder(config, remat=remat)
+  return tied_encoder(config, remat=remat, static_argnums=static_argnums)
 
 
 def loss_fn(
