@@ -1,0 +1,331 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Renders ``benchmarks/results.json`` as ``docs/benchmarks.md`` and a PNG.
+
+Usage::
+
+  python benchmarks/render.py [--results benchmarks/results.json]
+                              [--out docs/benchmarks.md]
+                              [--png docs/_static/benchmarks.png]
+
+``nox -s bench`` runs it after the benchmarks. The PNG needs matplotlib (the
+``plot`` extra); without it only the Markdown is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Targets of issue 5: (the ratio's upper bound, exact?).
+TARGETS = {
+    'flops': 1.0, 'temp_bytes': 1.0, 'argument_bytes': 1.0,
+    'init_traces': 1.0, 'compile_seconds': 1.10,
+}
+STATIC_TARGETS = {'flops': 1.0, 'temp_bytes': 1.0, 'compile_seconds': 1.05}
+IMPORT_TARGET_SECONDS = 0.050
+
+
+def _fmt(value: float, kind: str) -> str:
+  if kind == 'bytes':
+    return f'{value / 2**20:.2f} MiB'
+  if kind == 'seconds':
+    return f'{value:.2f} s'
+  if kind == 'ms':
+    return f'{value * 1e3:.1f} ms'
+  if kind == 'flops':
+    return f'{value / 1e6:.1f} M'
+  return f'{value:g}'
+
+
+def _verdict(ratio: float, bound: float) -> str:
+  ok = ratio == bound if bound == 1.0 else ratio <= bound
+  target = '= 1.000' if bound == 1.0 else f'≤ {bound:.2f}'
+  return f'{target} {"✓" if ok else "✗"}'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join(' --- ' for _ in header) + '|']
+  lines += ['| ' + ' | '.join(row) + ' |' for row in rows]
+  return lines
+
+
+QUANTITIES = (
+    ('flops', 'FLOPs (`cost_analysis`)', 'flops'),
+    ('temp_bytes', 'temp bytes (`memory_analysis`)', 'bytes'),
+    ('argument_bytes', 'argument bytes (`memory_analysis`)', 'bytes'),
+    ('init_traces', 'attention `__call__` runs in `init`', 'count'),
+    ('compile_seconds', 'trace + compile time (median)', 'seconds'),
+)
+
+
+def shared_attention(section: dict) -> list[str]:
+  rows = []
+  for layers, row in sorted(section.items(), key=lambda kv: int(kv[0])):
+    for key, label, kind in QUANTITIES:
+      base, tied, ratio = row[key]
+      rows.append((layers, label, _fmt(base, kind), _fmt(tied, kind),
+                   f'{ratio:.3f}', _verdict(ratio, TARGETS[key])))
+    rows.append((layers, 'max \\|Δ loss\\|, max \\|Δ grad\\| (same params)',
+                 '', '', f'{row["loss_difference"]:.1e}, '
+                 f'{row["grad_difference"]:.1e}', ''))
+  return [
+      '## Tie + remat vs a shared module on upstream Flax',
+      '',
+      'ALBERT-style encoder (`flax_tieext.examples.albert`, width 64, 4 heads,'
+      ' length 32, batch 8), every block in `nn.remat`, jitted loss +'
+      ' gradient. Baseline: upstream Flax (patch uninstalled), one'
+      ' `SelfAttention` created in the encoder and passed into every block as'
+      ' an attribute. Candidate: every block has its own `attn`, tied to'
+      ' `block_0/attn` with `nn.tie`.',
+      '',
+      *_table(('blocks', 'quantity', 'upstream: shared module', 'nn.tie',
+               'ratio', 'target'), rows),
+      '',
+  ]
+
+
+def tie_nesting(section: dict) -> list[str]:
+  out = [
+      '## Init traces against tie nesting depth',
+      '',
+      'How many times the leaf attention\'s `__call__` runs while `init` is'
+      ' traced, for ties nested `d` levels deep: `nn.tie` against the'
+      ' hand-made tie `nn.map_variables(Module, "params", trans_in_fn=copy'
+      ' source into target, trans_out_fn=drop target, init=True,'
+      ' mutable=True)` at every level (`benchmarks/models.py`). *pair*: every'
+      ' level calls two copies of the level below, the second tied to the'
+      ' first; *chain*: every level calls a leaf and the level below, every'
+      ' leaf tied to the root\'s.',
+      '',
+  ]
+  for shape, rows in sorted(section.items(), reverse=True):
+    out += [f'**{shape}**', '']
+    out += _table(
+        ('depth', 'call sites', 'nn.tie traces', 'map_variables traces',
+         'map_variables / nn.tie', 'init nn.tie', 'init map_variables'),
+        [(str(r['depth']), str(r['call_sites']), str(r['tie_traces']),
+          str(r['map_variables_traces']),
+          f'{r["map_variables_traces"] / r["tie_traces"]:.0f}×',
+          _fmt(r['tie_init_seconds'], 'seconds'),
+          _fmt(r['map_variables_init_seconds'], 'seconds')) for r in rows])
+    out.append('')
+  out += ['`nn.tie` traces every call site once: linear in the number of call'
+          ' sites (*chain*: `d + 1`; *pair*: `2^d`). The `map_variables` tie'
+          ' runs its module twice while initializing, at every level: `4^d`'
+          ' for *pair*, `3·2^d - 2` for *chain*.', '']
+  return out
+
+
+def static_argnames(row: dict) -> list[str]:
+  rows = []
+  for key, label, kind in QUANTITIES:
+    if key not in row:
+      continue
+    base, names, ratio = row[key]
+    rows.append((label, _fmt(base, kind), _fmt(names, kind), f'{ratio:.3f}',
+                 _verdict(ratio, STATIC_TARGETS[key])))
+  rows.append(('max \\|Δ loss\\|, max \\|Δ grad\\|', '', '',
+               f'{row["loss_difference"]:.1e}, {row["grad_difference"]:.1e}',
+               ''))
+  return [
+      '## `static_argnames` vs upstream `static_argnums`',
+      '',
+      f'T5-style encoder (`flax_tieext.examples.t5`, {row["layers"]} blocks),'
+      ' untied, every block rematted, dropout on, jitted loss + gradient.'
+      ' Baseline: upstream Flax, `nn.checkpoint(Block, static_argnums=(2,))`'
+      ' with `deterministic` passed positionally. Candidate:'
+      ' `nn.checkpoint(Block, static_argnames=("deterministic",))`, passed by'
+      ' keyword.',
+      '',
+      *_table(('quantity', 'upstream: static_argnums', 'static_argnames',
+               'ratio', 'target'), rows),
+      '',
+  ]
+
+
+def remat_memory(section: dict) -> list[str]:
+  rows = []
+  for layers, row in sorted(section.items(), key=lambda kv: int(kv[0])):
+    tr, tn, t_ratio = row['tied_temp_bytes']
+    ur, un, u_ratio = row['untied_temp_bytes']
+    rows.append((layers, _fmt(tr, 'bytes'), _fmt(tn, 'bytes'),
+                 f'{t_ratio:.3f}', _fmt(ur, 'bytes'), _fmt(un, 'bytes'),
+                 f'{u_ratio:.3f}',
+                 f'{row["tied_argument_bytes"] / row["untied_argument_bytes"]:.3f}'))
+  return [
+      '## Remat\'s memory saving is kept under a tie',
+      '',
+      'T5-style encoder, loss + gradient with dropout off: compiled temp bytes'
+      ' with every block rematted against no remat, with the attention mask'
+      ' tied (`nn.tie`, stored once) and untied (one copy per block). The'
+      ' last column is what the tie saves in stored variables (argument'
+      ' bytes, tied / untied).',
+      '',
+      *_table(('blocks', 'tied, remat', 'tied, no remat', 'ratio',
+               'untied, remat', 'untied, no remat', 'ratio',
+               'argument bytes tied / untied'), rows),
+      '',
+  ]
+
+
+def import_overhead(row: dict) -> list[str]:
+  ok = row['flax_tieext_seconds'] <= IMPORT_TARGET_SECONDS
+  return [
+      '## Import overhead',
+      '',
+      f'Fresh interpreters, median of {row["runs"]} runs: `import flax.linen`,'
+      ' then `import flax_tieext` (which installs the patch).',
+      '',
+      *_table(('import flax.linen', 'then import flax_tieext', 'relative',
+               'target'),
+              [(_fmt(row['flax_linen_seconds'], 'ms'),
+                _fmt(row['flax_tieext_seconds'], 'ms'),
+                f'{row["relative"]:.3f}',
+                f'≤ 50 ms {"✓" if ok else "✗"}')]),
+      '',
+  ]
+
+
+SECTIONS = (
+    ('shared_attention', shared_attention),
+    ('tie_nesting', tie_nesting),
+    ('static_argnames', static_argnames),
+    ('remat_memory', remat_memory),
+    ('import_overhead', import_overhead),
+)
+
+
+def render_markdown(data: dict, png: str | None) -> str:
+  """The Markdown page for ``data`` (the parsed results file)."""
+  meta, results = data['meta'], data['results']
+  lines = [
+      '# Benchmarks',
+      '',
+      '<!-- Generated by benchmarks/render.py from benchmarks/results.json'
+      ' (nox -s bench). Do not edit. -->',
+      '',
+      'Every benchmark compares a candidate with a baseline measured in the'
+      ' same run; times are medians of interleaved rounds (baseline,'
+      ' candidate, baseline, ...), so read the ratios, not the absolute times.'
+      ' Compiled quantities come from XLA (`compiled.cost_analysis()`,'
+      ' `compiled.memory_analysis()`) and are deterministic. Run them with'
+      ' `nox -s bench` (sources in `benchmarks/`).',
+      '',
+      f'Measured {meta["date"]}: flax {meta["flax"]}, jax {meta["jax"]},'
+      f' Python {meta["python"]}, {meta["backend"]} backend,'
+      f' {meta["cpus"]} CPUs ({meta["machine"]}), {meta["rounds"]} rounds.',
+      '',
+  ]
+  if meta.get('remat_barriers_kept'):
+    lines += [
+        'XLA:CPU expands the optimization barriers of `jax.checkpoint` before'
+        ' common-subexpression elimination, which merges the recomputation'
+        ' back into the forward pass: on stock XLA:CPU an unrolled rematted'
+        ' model uses as much memory as an unrematted one. These runs set'
+        f' `XLA_FLAGS={meta["xla_flags"]}` (see'
+        ' `flax_tieext.examples.measure.keep_remat_on_cpu`) so that the'
+        ' memory numbers show what remat does on GPU and TPU, which keep the'
+        ' barriers.',
+        '',
+    ]
+  if png:
+    lines += [f'![Benchmark plots]({png})', '']
+  for key, render in SECTIONS:
+    if key in results:
+      lines += render(results[key])
+  return '\n'.join(lines).rstrip() + '\n'
+
+
+def render_png(data: dict, path: pathlib.Path) -> bool:
+  """Init traces against depth, and remat temp memory; ``False`` if no plot."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  results = data['results']
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  for shape, rows in sorted(results.get('tie_nesting', {}).items()):
+    depths = [r['depth'] for r in rows]
+    left.plot(depths, [r['tie_traces'] for r in rows], marker='o',
+              label=f'nn.tie ({shape})')
+    left.plot(depths, [r['map_variables_traces'] for r in rows], marker='s',
+              linestyle='--', label=f'map_variables tie ({shape})')
+  left.set_yscale('log', base=2)
+  left.set_xlabel('tie nesting depth')
+  left.set_ylabel('attention __call__ runs in init')
+  left.set_title('init traces')
+  left.grid(True, alpha=0.3)
+  left.legend(fontsize=8)
+
+  memory = results.get('remat_memory', {})
+  layers = sorted(memory, key=int)
+  bars = (('tied, no remat', 'tied_temp_bytes', 1),
+          ('tied, remat', 'tied_temp_bytes', 0),
+          ('untied, no remat', 'untied_temp_bytes', 1),
+          ('untied, remat', 'untied_temp_bytes', 0))
+  width = 0.2
+  for n, (label, key, index) in enumerate(bars):
+    right.bar([i + (n - 1.5) * width for i in range(len(layers))],
+              [memory[l][key][index] / 2**20 for l in layers], width,
+              label=label)
+  right.set_xticks(range(len(layers)), [f'{l} blocks' for l in layers])
+  right.set_ylabel('compiled temp memory (MiB)')
+  right.set_title('T5-style encoder, loss + gradient')
+  right.grid(True, axis='y', alpha=0.3)
+  right.legend(fontsize=8)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, format='png', dpi=110)
+  plt.close(fig)
+  return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--results', default=ROOT / 'benchmarks' / 'results.json',
+                      type=pathlib.Path)
+  parser.add_argument('--out', default=ROOT / 'docs' / 'benchmarks.md',
+                      type=pathlib.Path)
+  parser.add_argument('--png', default=ROOT / 'docs' / '_static' / 'benchmarks.png',
+                      type=pathlib.Path)
+  args = parser.parse_args(argv)
+  if not args.results.exists():
+    parser.error(f'{args.results} does not exist: run nox -s bench first')
+  data = json.loads(args.results.read_text())
+  png = None
+  if render_png(data, args.png):
+    png = os.path.relpath(args.png, args.out.parent)
+  elif args.png.exists():
+    png = os.path.relpath(args.png, args.out.parent)
+    print(f'matplotlib is not installed: keeping the old {args.png}',
+          file=sys.stderr)
+  args.out.write_text(render_markdown(data, png))
+  print(f'wrote {args.out}' + (f' and {args.png}' if png else ''))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
