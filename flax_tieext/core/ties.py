@@ -1034,51 +1034,35 @@ def tie_variables(variables, ties: Mapping[str, Any], collections='params'):
   Raises:
     TieError: if a source is missing or a target differs from its source.
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
   out = _unfreeze(variables)
-  for tie in _flat_ties(ties, collections):
-    for col in list(out):
-      if not tie.applies_to(col):
-        continue
-      target = _get_path(out[col], tie.target)
-      if target is _ABSENT:
-        continue
-      source = _get_path(out[col], tie.source)
-      if source is _ABSENT:
-        raise TieError(
-            f'Cannot tie {_text(tie.target)} to {_text(tie.source)} in'
-            f' collection {col!r}: the source is missing from the variables.'
-            + _nearest_hint(out[col], tie.source)
-        )
-      expected = jax.tree_util.tree_map(lambda x: _apply_view(tie.view, x),
-                                        source)
-      ta, ea = jax.tree_util.tree_flatten(target), jax.tree_util.tree_flatten(
-          expected)
-      if ta[1] != ea[1]:
-        raise TieError(
-            f'Cannot tie {_text(tie.target)} to {_text(tie.source)} in'
-            f' collection {col!r}: they hold different variables'
-            f' ({ta[1]} vs {ea[1]}).'
-        )
-      for x, y in zip(ta[0], ea[0]):
-        if np.shape(x) != np.shape(y) or np.asarray(x).dtype != np.asarray(y).dtype:
-          raise TieError(
-              f'Cannot tie {_text(tie.target)} to {_text(tie.source)} in'
-              f' collection {col!r}: shape or dtype differ'
-              f' ({np.shape(x)}:{np.asarray(x).dtype} vs'
-              f' {np.shape(y)}:{np.asarray(y).dtype}).'
-          )
-        if not np.array_equal(np.asarray(x), np.asarray(y)):
-          raise TieError(
-              f'Cannot tie {_text(tie.target)} to {_text(tie.source)} in'
-              f' collection {col!r}: the target differs from its source'
-              f' (max abs difference'
-              f' {float(np.max(np.abs(np.asarray(x) - np.asarray(y))))}).'
-              ' Tying would silently drop the target\'s values; untie the'
-              ' model or make them equal first.'
-          )
+  for tie, col, expected in _viewed_sources(out, ties, collections, 'tie'):
+    target = _get_path(out[col], tie.target)
+    if target is not _ABSENT:
+      _check_equal(tie, col, target, expected)
       out[col] = _with_path(out[col], tie.target, _ABSENT)
   return out
+
+
+def _check_equal(tie: Tie, col: str, target, expected):
+  """Raises unless a stored target equals what its source gives it."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  what = (f'Cannot tie {_text(tie.target)} to {_text(tie.source)} in'
+          f' collection {col!r}:')
+  (xs, x_def), (ys, y_def) = (jax.tree_util.tree_flatten(target),
+                              jax.tree_util.tree_flatten(expected))
+  if x_def != y_def:
+    raise TieError(f'{what} they hold different variables ({x_def} vs'
+                   f' {y_def}).')
+  for x, y in zip(map(np.asarray, xs), map(np.asarray, ys)):
+    if x.shape != y.shape or x.dtype != y.dtype:
+      raise TieError(f'{what} shape or dtype differ ({x.shape}:{x.dtype} vs'
+                     f' {y.shape}:{y.dtype}).')
+    if not np.array_equal(x, y):
+      raise TieError(
+          f'{what} the target differs from its source (max abs difference'
+          f' {float(np.max(np.abs(x - y)))}). Tying would silently drop the'
+          " target's values; untie the model or make them equal first."
+      )
 
 
 def untie_variables(variables, ties: Mapping[str, Any], collections='params'):
@@ -1103,21 +1087,24 @@ def untie_variables(variables, ties: Mapping[str, Any], collections='params'):
     A new variable dict with every target present.
   """
   out = _unfreeze(variables)
+  for tie, col, value in _viewed_sources(out, ties, collections, 'untie'):
+    out[col] = _with_path(out[col], tie.target, value)
+  return out
+
+
+def _viewed_sources(tree, ties, collections, verb):
+  """Yields ``(tie, col, source value seen through the view)`` of each tie."""
   for tie in _flat_ties(ties, collections):
-    for col in list(out):
-      if not tie.applies_to(col):
-        continue
-      source = _get_path(out[col], tie.source)
+    for col in [c for c in tree if tie.applies_to(c)]:
+      source = _get_path(tree[col], tie.source)
       if source is _ABSENT:
         raise TieError(
-            f'Cannot untie {_text(tie.target)} from {_text(tie.source)} in'
+            f'Cannot {verb} {_text(tie.target)} and {_text(tie.source)} in'
             f' collection {col!r}: the source is missing from the variables.'
-            + _nearest_hint(out[col], tie.source)
+            + _nearest_hint(tree[col], tie.source)
         )
-      value = jax.tree_util.tree_map(lambda x: _apply_view(tie.view, x),
-                                     source)
-      out[col] = _with_path(out[col], tie.target, value)
-  return out
+      yield tie, col, jax.tree_util.tree_map(
+          lambda x, view=tie.view: _apply_view(view, x), source)
 
 
 def _nearest_hint(tree, path) -> str:
