@@ -216,3 +216,16 @@ def test_scope_hooks_come_from_the_patch_binding_table():
   assert hooks['push'] == 'tie_aware_push'
   assert set(hooks) == {'push', '_collection', '_mutable_collection',
                         'get_variable', 'has_variable', 'put_variable'}
+
+
+def test_a_patch_adding_a_plugin_name_is_refused(tmp_path):
+  patch = tmp_path / '0001-x.patch'
+  patch.write_text(
+      'diff --git a/flax/core/scope.py b/flax/core/scope.py\n'
+      '--- a/flax/core/scope.py\n'
+      '+++ b/flax/core/scope.py\n'
+      '@@ -1,1 +1,2 @@\n'
+      ' import jax\n'
+      "+MESSAGE = 'call flax_tieext.install()'\n")
+  with pytest.raises(mp.PatchGenerationError, match='flax/core/scope.py: MESSAGE'):
+    mp.check_no_leak(patch)

@@ -1204,18 +1204,18 @@ def apply_feature(feature: Feature, tree: pathlib.Path) -> list[str]:
   for wire in feature.wiring:
     wire(tree)
   for path in touched:
-    source = (tree / path).read_text()
-    compile(source, path, 'exec')
-    _check_no_leak(path, source)
+    compile((tree / path).read_text(), path, 'exec')
   return notes
 
 
-def _check_no_leak(path: str, source: str) -> None:
-  leaks = [
-      f'{path}:{i}: {line.strip()}'
-      for i, line in enumerate(source.split('\n'), 1)
-      if 'flax_tieext' in line or _SECTION.match(line)
-  ]
+def check_no_leak(patch: pathlib.Path) -> None:
+  """Fails if a line the patch adds mentions the plugin or is a section marker."""
+  leaks, path = [], None
+  for line in patch.read_text().split('\n'):
+    if line.startswith('+++ '):
+      path = line[len('+++ b/'):]
+    elif line.startswith('+') and ('flax_tieext' in line or _SECTION.match(line[1:])):
+      leaks.append(f'{path}: {line[1:].strip()}')
   if leaks:
     raise PatchGenerationError(
         'The patch would mention the plugin (flax_tieext) or keep a section'
@@ -1335,12 +1335,18 @@ def generate(version: str, out: pathlib.Path) -> list[str]:
       )
       git(repo, 'add', '-A')
       git(repo, 'commit', '-q', '-F', str(message))
+    series = pathlib.Path(tmp) / 'series'
+    git(repo, 'format-patch', '-q', '--zero-commit', '--no-signature',
+        '--numbered', '--no-renames', '--stat=72', '--summary',
+        '-o', str(series), f'HEAD~{len(FEATURES)}')
+    for patch in sorted(series.glob('*.patch')):
+      check_no_leak(patch)
+    # Only a complete, checked series replaces the old one.
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob('*.patch'):
       old.unlink()
-    git(repo, 'format-patch', '-q', '--zero-commit', '--no-signature',
-        '--numbered', '--no-renames', '--stat=72', '--summary',
-        '-o', str(out), f'HEAD~{len(FEATURES)}')
+    for patch in sorted(series.glob('*.patch')):
+      shutil.copyfile(patch, out / patch.name)
   return notes
 
 
