@@ -349,3 +349,45 @@ def test_scanned_target_with_nested_remat_reads_broadcast_source():
       mask, mask)
   assert_close(y, ry)
   assert_close(g, g_src + g_stack)
+
+
+# ---------------------------------------------------------------------------
+# switch, while_loop (lift the source), vjp (reads it as a closure).
+# ---------------------------------------------------------------------------
+
+
+class ControlFlowModel(nn.Module):
+  kind: str
+  shared: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    a = Attn(name='a')
+    b = a if self.shared else Attn(name='b')
+    x = a(x)
+    if self.kind == 'switch':
+      branches = [lambda m, h: m(h), lambda m, h: -m(h), lambda m, h: 2 * m(h)]
+      return nn.switch(2, branches, b, x)
+    if self.kind == 'while_loop':
+      body = lambda m, c: (c[0] + 1, m(c[1]))
+      return nn.while_loop(lambda m, c: c[0] < 3, body, b, (0, x))[1]
+    y, backward = nn.vjp(lambda m, h: m(h), b, x)
+    _, x_grad = backward(jnp.ones_like(y))
+    return y + x_grad
+
+
+@pytest.mark.parametrize('kind', ['switch', 'while_loop', 'vjp'])
+def test_tied_target_inside_control_flow_and_vjp(kind):
+  x = jax.random.normal(jax.random.key(1), (2, D))
+  tied = nn.tie(ControlFlowModel, {'b': 'a'})(kind)
+  ref = ControlFlowModel(kind, shared=True)
+  params = tied.init(jax.random.key(0), x)['params']
+  assert set(params) == {'a'}
+  assert_close(tied.apply({'params': params}, x),
+               ref.apply({'params': params}, x))
+  if kind == 'while_loop':
+    return  # JAX cannot reverse-differentiate a while_loop
+  loss = lambda m, p: jnp.sum(m.apply({'params': p}, x) ** 2)
+  g = jax.grad(functools.partial(loss, tied))(params)
+  rg = jax.grad(functools.partial(loss, ref))(params)
+  jax.tree_util.tree_map(assert_close, g, rg)
