@@ -111,6 +111,7 @@ def test_install_refuses_a_flax_it_cannot_patch(originals, monkeypatch):
 
 @patching
 def test_autopatch_warns_and_leaves_flax_untouched(originals, monkeypatch):
+  monkeypatch.delenv(_patch.AUTOPATCH_ENV, raising=False)  # opted-out runs
   monkeypatch.setattr(_compat, 'missing_features',
                       lambda: ['flax.core.lift.pack (test)'])
   with pytest.warns(RuntimeWarning, match='cannot patch Flax'):
