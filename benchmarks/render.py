@@ -147,6 +147,9 @@ def static_argnames(row: dict) -> list[str]:
   rows.append(('max \\|Δ loss\\|, max \\|Δ grad\\|', '', '',
                f'{row["loss_difference"]:.1e}, {row["grad_difference"]:.1e}',
                ''))
+  if 'same_instructions' in row:
+    rows.append(('same optimized HLO instructions', '', '',
+                 'yes' if row['same_instructions'] else 'no', ''))
   return [
       '## `static_argnames` vs upstream `static_argnums`',
       '',
