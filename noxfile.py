@@ -24,6 +24,9 @@
   fails unless the two runs pass exactly the same tests with no failure.
 * ``clients``: HF transformers and recurrentgemma models train bitwise
   identically with and without ``import flax_tieext``.
+* ``docs``: builds ``docs/`` (HTML and doctests, warnings are errors) and runs
+  the docstrings' examples.
+* ``bench``: runs ``benchmarks/`` and renders ``docs/benchmarks.md``.
 * ``ci``: queues everything ``.ci/run`` runs (``CI_SESSIONS``).
 
 Every pytest run writes JUnit XML to ``.nox/_reports/<session>/<run>.xml``;
@@ -84,7 +87,7 @@ CLIENT_EXTRA_REQUIREMENTS = ('einops', 'jaxtyping', 'typeguard>=2,<3', 'sentence
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here
 # (e.g. 'patches', 'docs', 'bench').
-CI_SESSIONS = [*(f'matrix-{v}' for v in PINS), 'clients', 'patches']
+CI_SESSIONS = [*(f'matrix-{v}' for v in PINS), 'clients', 'patches', 'docs']
 
 nox.options.sessions = ['tests']
 
@@ -95,6 +98,13 @@ def _test_requirements():
   cfg.read(ROOT / 'setup.cfg')
   reqs = cfg['options.extras_require']['test'].split()
   return [r for r in reqs if not r.lower().startswith('nox')]
+
+
+def _extra(name):
+  """The requirements of the extra `name` in setup.cfg."""
+  cfg = configparser.ConfigParser()
+  cfg.read(ROOT / 'setup.cfg')
+  return cfg['options.extras_require'][name].split()
 
 
 def _install(session, flax, *extra, no_deps=()):
@@ -391,6 +401,36 @@ def patches(session):
     problems += _patched_flax(session, flax)
   if problems:
     session.error(f'{session.name}:\n  ' + '\n  '.join(problems))
+
+
+# -- docs/ and benchmarks/ ------------------------------------------------------
+
+DOCS_BUILD = ROOT / 'docs' / '_build'
+
+
+@nox.session
+def docs(session):
+  """The documentation site: Sphinx + MyST, warnings are errors, doctests run."""
+  _install(session, NEWEST, *_extra('docs'), 'pytest')
+  shutil.rmtree(DOCS_BUILD, ignore_errors=True)
+  for builder in ('html', 'doctest'):
+    session.run(
+        'python', '-m', 'sphinx', '-W', '--keep-going', '-b', builder, 'docs',
+        str(DOCS_BUILD / builder), *session.posargs,
+    )
+  # The docstrings' examples, which the API reference shows.
+  session.run('python', '-m', 'pytest', '--doctest-modules', 'flax_tieext', '-q')
+
+
+@nox.session
+def bench(session):
+  """Benchmarks: writes benchmarks/results.json, renders docs/benchmarks.md and its PNG."""
+  _install(session, NEWEST, *_test_requirements(), *_extra('plot'))
+  session.run(
+      'python', '-m', 'pytest', 'benchmarks', '--benchmark-columns=median,rounds',
+      *session.posargs,
+  )
+  session.run('python', 'benchmarks/render.py')
 
 
 @nox.session(python=False)
