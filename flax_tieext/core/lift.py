@@ -1018,6 +1018,7 @@ def tie(
   """
 
   def wrapper(scope_tree, *args, **kwargs):
+    # plugin-only: begin
     if not ties_lib.machinery_installed():
       raise ties_lib.TieError(
           'tie needs the flax_tieext scope machinery, which is not installed'
@@ -1025,6 +1026,7 @@ def tie(
           ' flax_tieext.uninstall() was called). Call flax_tieext.install()'
           ' first.'
       )
+    # plugin-only: end
     scopes, treedef = jax.tree_util.tree_flatten(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))
     declaring = scopes[-1]
