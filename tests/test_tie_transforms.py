@@ -391,3 +391,47 @@ def test_tied_target_inside_control_flow_and_vjp(kind):
   g = jax.grad(functools.partial(loss, tied))(params)
   rg = jax.grad(functools.partial(loss, ref))(params)
   jax.tree_util.tree_map(assert_close, g, rg)
+
+
+# ---------------------------------------------------------------------------
+# Chains across declarations: an inner tie whose source is an outer target.
+# ---------------------------------------------------------------------------
+
+
+def chained_model(remat_inner, remat_leaves):
+  leaf_cls = nn.remat(Attn) if remat_leaves else Attn
+
+  class Inner(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return leaf_cls(name='leaf')(leaf_cls(name='src')(x))
+
+  class Outer(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x = Attn(name='src')(x)
+      inner = nn.tie(Inner, {'leaf': 'src'})  # declared at /inner
+      return (nn.remat(inner) if remat_inner else inner)(name='inner')(x)
+
+  return nn.tie(Outer, {'inner/src': 'src'})
+
+
+@pytest.mark.parametrize('remat_leaves', [False, True])
+@pytest.mark.parametrize('remat_inner', [False, True])
+def test_chain_across_declarations_stores_one_copy(remat_inner, remat_leaves):
+  x = jax.random.normal(jax.random.key(1), (2, D))
+  model = chained_model(remat_inner, remat_leaves)()
+  params = model.init(jax.random.key(0), x)['params']
+  assert set(params) == {'src'}  # /inner/src and /inner/leaf are not stored
+
+  def reference(p):  # one Attn called three times
+    attn = lambda h: Attn().apply({'params': p['src']}, h)
+    return attn(attn(attn(x)))
+
+  loss = lambda p: jnp.sum(model.apply({'params': p}, x) ** 2)
+  y, g = jax.value_and_grad(loss)(params)
+  ry, rg = jax.value_and_grad(lambda p: jnp.sum(reference(p) ** 2))(params)
+  assert_close(y, ry)
+  jax.tree_util.tree_map(assert_close, g, rg)

@@ -296,7 +296,7 @@ def _refuse_given_targets(scope, ties):
     for col in _root_collections(scope):
       if not tie.applies_to(col):
         continue
-      node = _peek(scope, tie.target, col)
+      node = _peek(scope, tie.target, col, follow_ties=False)
       if node is _ABSENT or (isinstance(node, Mapping) and not node):
         continue
       raise TieError(
@@ -390,9 +390,70 @@ def _locate(scope, path: Path):
   return None, path, tuple(crossed)
 
 
-def _peek(scope, path: Path, col: str):
-  """The stored node at ``path`` in ``col`` (read-only), or ``_ABSENT``."""
-  base, rest, _ = _locate(scope, path)
+def _canonical(scope, path: Path, col: str):
+  """Where ``path`` is stored in ``col``, following every tie on the way.
+
+  While some tie in force maps a prefix of ``path`` to another path, follows
+  the one with the longest target (the innermost declaration), so that
+  chains resolve across declarations (an outer tie ``inner/src -> src`` and
+  an inner one ``leaf -> src`` declared at ``inner`` store one ``/src``) and
+  through nested ones (``b -> a`` at the root and ``b/b -> b/a`` at ``b``
+  store ``b/b/x`` at ``a/a/x``). The ties consulted are those in force at
+  ``scope`` and, once located, at the scope found above ``path``.
+
+  Returns:
+    ``(base, rest, crossed)`` as ``_locate`` does, for the stored path.
+  """
+  seen, crossed = [path], ()
+
+  def follow(ties, path, below=()):
+    candidates = [t for t in ties
+                  if t.view is None and t.applies_to(col)
+                  and _is_within(path, t.target) and len(t.target) > len(below)]
+    if not candidates:
+      return None
+    tie = max(candidates, key=lambda t: len(t.target))
+    new_path = tie.source + path[len(tie.target):]
+    if new_path in seen:
+      raise TieError(
+          'Ties declared at different modules form a cycle: '
+          + ' -> '.join(_text(p) for p in seen + [new_path])
+          + f' (collection {col!r}). Declare them at one module, where a'
+          ' cycle is reported with its ties, and pick one stored source.'
+      )
+    seen.append(new_path)
+    return new_path
+
+  while True:
+    jumped = follow(ties_in_force(scope), path)
+    if jumped is not None:
+      path = jumped
+      continue
+    base, rest, more = _locate(scope, path)
+    crossed += more
+    if base is None:
+      return base, rest, crossed
+    jumped = follow(ties_in_force(base), path, below=base.path)
+    if jumped is None:
+      return base, rest, crossed
+    scope, path = base, jumped
+
+
+def _canonical_path(scope, path: Path, col: str) -> Path:
+  base, rest, _ = _canonical(scope, path, col)
+  return path if base is None else base.path + rest
+
+
+def _peek(scope, path: Path, col: str, follow_ties: bool = True):
+  """The stored node at ``path`` in ``col`` (read-only), or ``_ABSENT``.
+
+  With ``follow_ties=False``, looks at ``path`` itself in the variable tree
+  (what a user passed), not where a tie stores it.
+  """
+  if follow_ties:
+    base, rest, _ = _canonical(scope, path, col)
+  else:
+    base, rest, _ = _locate(scope, path)
   if base is None:
     return _ABSENT
   node = base._collection(col)  # pylint: disable=protected-access
@@ -409,7 +470,7 @@ def _storage(scope, tie: Tie, path: Path, col: str, write: bool):
   Returns ``(node, crossed)``: the dict (``None`` when reading one that does
   not exist yet) and the transforms crossed by closure to reach it.
   """
-  base, rest, crossed = _locate(scope, path)
+  base, rest, crossed = _canonical(scope, path, col)
   if base is None:
     raise TieError(
         f'Cannot reach {_text(path)} from {scope.path_text} for the'
@@ -445,6 +506,8 @@ def _storage(scope, tie: Tie, path: Path, col: str, write: bool):
       node = node.setdefault(name, {})
     return node, crossed
   node = base._collection(col)  # pylint: disable=protected-access
+  if col not in base._variables:  # pylint: disable=protected-access
+    return None, crossed  # Flax's empty placeholder: nothing is stored yet
   for name in rest:
     if not isinstance(node, Mapping) or name not in node:
       return None, crossed
@@ -706,7 +769,7 @@ def _redirect_rngs(scope):
   tie = _module_tie(scope, 'params')
   if tie is None or tie.view is not None:
     return
-  base, rest, crossed = _locate(scope, tie.source)
+  base, rest, crossed = _canonical(scope, tie.source, 'params')
   if base is None:
     return
   rngs, counters = base.rngs, base.rng_counters
@@ -748,6 +811,7 @@ def lifted_sources(scopes, transform_name) -> list:
     for tie in ties_in_force(scope):
       if not _is_within(tie.target, scope.path):
         continue
+      tie = _resolved_tie(scope, tie)
       if any(_is_within(tie.source, s.path) for s in scopes):
         continue
       path = _source_scope_path(scope, tie)
@@ -759,6 +823,16 @@ def lifted_sources(scopes, transform_name) -> list:
       paths.add(path)
       extra.append(source_scope)
   return extra
+
+
+def _resolved_tie(scope, tie: Tie) -> Tie:
+  """``tie`` with its source resolved through other declarations' ties."""
+  cols = [c for c in _root_collections(scope) if tie.applies_to(c)]
+  col = 'params' if tie.applies_to('params') else (cols[0] if cols else None)
+  if col is None:
+    return tie
+  source = _canonical_path(scope, tie.source, col)
+  return tie if source == tie.source else dataclasses.replace(tie, source=source)
 
 
 def _source_scope_path(scope, tie: Tie) -> Path:
