@@ -102,6 +102,12 @@ def test_cycle_is_refused_at_declaration():
   assert '/block_0 -> /block_1 -> /block_0' in message
 
 
+def test_collections_may_be_any_flax_filter():
+  deny = nn.DenyList(['graph', 'cache'])  # a filter holding a list
+  variables = init(nn.tie(Blocks, {'block_1': 'block_0'}, collections=deny))
+  assert set(variables['params']) == {'block_0'}
+
+
 def test_chain_resolves_to_its_end():
   class Three(nn.Module):
 

@@ -58,6 +58,12 @@ import jax
 from flax.core import meta
 from flax.core.frozen_dict import FrozenDict
 
+def _hashable(collections):
+  """Flax's own hashable form of a collection filter (``DenyList`` too)."""
+  from flax.core import lift  # pylint: disable=g-import-not-at-top
+  return lift._hashable_filter(collections)  # pylint: disable=protected-access
+
+
 def _scope_lib():
   # flax.core.scope decorates Scope's methods with the hooks below, so this
   # module must not import it at module level.
@@ -122,13 +128,6 @@ def _filter_text(f) -> str:
   if isinstance(f, (tuple, list, set, frozenset)):
     return '[' + ', '.join(repr(x) for x in f) + ']'
   return repr(f)
-
-
-def hashable_filter(f):
-  """A hashable form of a collection filter (lists and sets become tuples)."""
-  if isinstance(f, (list, set, frozenset)):
-    return tuple(sorted(f)) if isinstance(f, (set, frozenset)) else tuple(f)
-  return f
 
 
 # ---------------------------------------------------------------------------
@@ -230,7 +229,7 @@ def normalize(
             ' module cannot share the variables of its own ancestor or'
             ' descendant; tie two sibling paths instead.'
         )
-    resolved.append(Tie(target, source, hashable_filter(collections), view,
+    resolved.append(Tie(target, source, _hashable(collections), view,
                         tuple(declared_at)))
   return tuple(resolved)
 
