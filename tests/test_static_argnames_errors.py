@@ -84,13 +84,13 @@ def test_unknown_name_lists_parameters_and_nearest_match(entry):
   message = _message(excinfo)
   assert "'determinstic'" in message
   assert 'MLP.__call__(self, x, deterministic=False)' in message
-  assert "Did you mean 'deterministic'?" in message
+  assert "Did you mean static_argnames='deterministic'?" in message
   assert 'x, deterministic' in message
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_unknown_name_in_decorator_form_fails_at_class_definition(entry):
-  with pytest.raises(ValueError, match="Did you mean 'deterministic'"):
+  with pytest.raises(ValueError, match="Did you mean static_argnames='deterministic'"):
 
     class Decorated(nn.Module):  # pylint: disable=unused-variable
 
@@ -158,7 +158,7 @@ class TwoMethods(nn.Module):
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_methods_list_name_must_exist_in_some_method(entry):
   entry()(TwoMethods, static_argnames='mode', methods=['__call__', 'encode'])
-  with pytest.raises(ValueError, match="Did you mean 'mode'"):
+  with pytest.raises(ValueError, match="Did you mean static_argnames='mode'"):
     entry()(TwoMethods, static_argnames='mdoe', methods=['__call__', 'encode'])
 
 
@@ -170,7 +170,7 @@ def test_lift_unknown_name_lists_parameters():
     ext_lift.checkpoint(fn, static_argnames='trian')
   message = _message(excinfo)
   assert 'lift.checkpoint' in message
-  assert "Did you mean 'train'?" in message
+  assert "Did you mean static_argnames='train'?" in message
   assert 'x, train' in message
 
 
@@ -353,3 +353,166 @@ def test_named_static_array_says_to_remove_it(entry):
   assert '`mask` of Masked.__call__' in message
   assert 'Remove `mask` from static_argnames' in message
   assert "static_argnames='deterministic'" in message
+
+
+# -- following the advice works ------------------------------------------------
+# Each message above tells the user what to write. Here every suggestion a
+# message makes is applied as written, and the result must then compute what
+# the plain, unrematted module computes.
+
+ENTRIES = [  # (entry point, index of the first argument after self)
+    pytest.param(ext_nn.checkpoint, 1, id='nn.checkpoint'),
+    pytest.param(ext_nn.partitioning.remat, 0, id='nn.partitioning.remat'),
+]
+
+
+class StarFlag(nn.Module):
+  """A flag reaching the method through *args, next to **kwargs."""
+
+  @nn.compact
+  def __call__(self, x, *args, **kwargs):
+    (train,) = args
+    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(4)(x))
+
+
+def _suggestions(message):
+  """Every `static_argnames=...` / `static_argnums=...` the message suggests."""
+  import ast  # pylint: disable=g-import-not-at-top
+
+  found = re.findall(
+      r"\b(static_arg(?:names|nums))=('[^']*'|\([^)]*\)|\d+)(?=[.?\s,)]|$)",
+      message,
+  )
+  assert found, f'no suggestion in:\n{message}'
+  return [{kind: ast.literal_eval(code)} for kind, code in dict.fromkeys(found)]
+
+
+def _assert_matches_plain(module, remat, args, kwargs):
+  """remat(module) initializes and applies like module itself."""
+  variables = remat().init(jax.random.key(0), X, *args, **kwargs)
+  rngs = {'dropout': jax.random.key(1)}
+  np_y = module().apply(variables, X, *args, rngs=rngs, **kwargs)
+  y = remat().apply(variables, X, *args, rngs=rngs, **kwargs)
+  assert jnp.array_equal(y, np_y)
+
+
+# (id, module, wrong arguments given first_index, call args, call kwargs)
+ADVICE_CASES = [
+    ('misspelt name', MLP, lambda i: {'static_argnames': 'determinstic'}, (True,), {}),
+    ('index out of range', MLP, lambda i: {'static_argnums': 5}, (True,), {}),
+    ('off-by-one index', MLP, lambda i: {'static_argnums': i}, (True,), {}),
+    ('traced python flag', MLP, lambda i: {}, (), {'deterministic': True}),
+    ('named array', Masked, lambda i: {'static_argnames': 'mask'}, (X, True), {}),
+    ('traced flag in *args', StarFlag, lambda i: {}, (False,), {}),
+    ("'*args[0]' as a name", StarFlag,
+     lambda i: {'static_argnames': '*args[0]'}, (False,), {}),
+]
+
+
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+@pytest.mark.parametrize(
+    'module, wrong, args, kwargs',
+    [pytest.param(*case[1:], id=case[0]) for case in ADVICE_CASES],
+)
+def test_every_suggested_fix_works(entry, first_index, module, wrong, args, kwargs):
+  with pytest.raises((ValueError, TypeError)) as excinfo:
+    entry(module, **wrong(first_index))().init(jax.random.key(0), X, *args, **kwargs)
+  for fix in _suggestions(_message(excinfo)):
+    _assert_matches_plain(module, entry(module, **fix), args, kwargs)
+
+
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_str_in_traced_argument_fix_works_next_to_existing_names(entry, first_index):
+  remat = entry(Configured, static_argnames='layers')
+  with pytest.raises(TypeError) as excinfo:
+    remat().init(jax.random.key(0), X, mode='linear')
+  (fix,) = _suggestions(_message(excinfo))
+  fixed = entry(Configured, static_argnames=('layers', fix['static_argnames']))
+  _assert_matches_plain(Configured, fixed, (), {'mode': 'linear'})
+
+
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_unhashable_fix_pass_a_tuple_works(entry, first_index):
+  remat = entry(Configured, static_argnames='layers')
+  with pytest.raises(TypeError, match='a tuple instead of a list'):
+    remat().init(jax.random.key(0), X, [4, 2])
+  _assert_matches_plain(Configured, remat, ((4, 2),), {})
+
+
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_scalar_array_in_static_slot_fix_pass_python_value_works(entry, first_index):
+  remat = entry(MLP, static_argnames='deterministic')
+  with pytest.raises(ValueError) as excinfo:
+    remat().init(jax.random.key(0), X, jnp.array(True))
+  assert '`deterministic=True`, not `jnp.array(True)`' in _message(excinfo)
+  _assert_matches_plain(MLP, remat, (True,), {})
+
+
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_flag_traced_by_outer_jit_names_the_outer_jit(entry, first_index):
+  remat = entry(MLP, static_argnames='deterministic')
+  variables = remat().init(jax.random.key(0), X, True)
+
+  def train_step(variables, x, deterministic):
+    return remat().apply(variables, x, deterministic)
+
+  with pytest.raises(ValueError) as excinfo:
+    jax.jit(train_step)(variables, X, True)
+  message = _message(excinfo)
+  assert "jax.jit(train_step, static_argnames='deterministic')" in message
+  assert '`deterministic=True`' in message
+  reference = MLP().apply(variables, X, True)
+  # Followed at the outer jit, by name or by position ...
+  for outer in (
+      jax.jit(train_step, static_argnames='deterministic'),
+      jax.jit(train_step, static_argnums=2),
+  ):
+    assert jnp.array_equal(outer(variables, X, True), reference)
+  # ... or with a Python value instead of an argument of the traced function.
+  step = jax.jit(lambda variables, x: train_step(variables, x, deterministic=True))
+  assert jnp.array_equal(step(variables, X), reference)
+
+
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_compact_above_checkpoint_says_to_swap_and_swapped_works(entry, first_index):
+
+  class CompactAbove(nn.Module):
+
+    @nn.compact
+    @entry(static_argnames='deterministic')
+    def __call__(self, x, deterministic=False):
+      return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
+
+  with pytest.raises(TypeError) as excinfo:
+    CompactAbove().init(jax.random.key(0), X, True)
+  message = _message(excinfo)
+  assert 'CompactAbove.__call__' in message and 'swap the two decorators' in message
+  name = entry.__module__.split('.')[-1]
+  expected = '@nn.checkpoint(...)\n  @nn.compact' if name == 'transforms' else (
+      '@nn.partitioning.remat(...)\n  @nn.compact')
+  assert expected in message
+
+  class Swapped(nn.Module):  # as the message says
+
+    @entry(static_argnames='deterministic')
+    @nn.compact
+    def __call__(self, x, deterministic=False):
+      return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
+
+  variables = Swapped().init(jax.random.key(0), X, True)
+  assert jnp.array_equal(
+      Swapped().apply(variables, X, True), MLP().apply(variables, X, True)
+  )
+
+
+def test_lift_star_args_note_suggests_an_index_that_works():
+  def fn(scope, x, *args):
+    (train,) = args
+    return x * 2 if train else x
+
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
+    flax.core.init(ext_lift.checkpoint(fn))(jax.random.key(0), X, True)
+  (fix,) = _suggestions(_message(excinfo))
+  assert fix == {'static_argnums': 1}
+  y, _ = flax.core.init(ext_lift.checkpoint(fn, **fix))(jax.random.key(0), X, True)
+  assert jnp.array_equal(y, X * 2)

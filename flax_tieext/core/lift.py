@@ -243,6 +243,23 @@ class _StaticArgs:
     import inspect  # pylint: disable=g-import-not-at-top
 
     kind = inspect.Parameter
+    if not name.isidentifier():
+      # Such as '*args[0]', the label an earlier message of ours gave an
+      # extra positional argument: **kwargs would accept it and never use it.
+      by_position = (
+          f' An extra positional argument that *{self.var_positional}'
+          ' collects has no name: make it static by position with'
+          f' static_argnums={self._var_positional_index(name)}.\n'
+          + self._numbering()
+          if self.var_positional and name.startswith('*')
+          else ' The parameters that can be static are: '
+          + ', '.join(self._nameable())
+          + '.'
+      )
+      raise ValueError(
+          f"{self.transform}: static_argnames contains {name!r}, which is not"
+          f' a parameter name of {self.display}.' + by_position
+      )
     param = self.signature.parameters.get(name)
     if param is not None and param.kind not in (
         kind.VAR_POSITIONAL, kind.VAR_KEYWORD
@@ -276,7 +293,7 @@ class _StaticArgs:
       raise ValueError(
           f"{self.transform}: static_argnames contains '{name}', which is not"
           f' a parameter of {self.display}.\n'
-          + (f"Did you mean '{close[0]}'?\n" if close else '')
+          + (f'Did you mean static_argnames={close[0]!r}?\n' if close else '')
           + (
               'The parameters that can be static are: '
               + ', '.join(candidates)
@@ -295,6 +312,28 @@ class _StaticArgs:
         for p in self.signature.parameters.values()
         if p.kind not in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD)
     ]
+
+  def _var_positional_index(self, label):
+    """``static_argnums`` index of ``'*args[k]'`` (k = 0 for any other label)."""
+    import re  # pylint: disable=g-import-not-at-top
+
+    match = re.search(r'\[(\d+)\]', label)
+    k = int(match.group(1)) if match else 0
+    return len(self.positional) + self.first_index + k
+
+  def _make_static(self, labels):
+    """The argument that makes ``labels`` static: names, or indices into *args."""
+    names = [l for l in labels if not l.startswith('*')]
+    nums = [self._var_positional_index(l) for l in labels if l.startswith('*')]
+    parts = []
+    if names:
+      parts.append(f'static_argnames={_static_argnames_code(names)}')
+    if nums:
+      parts.append(
+          'static_argnums='
+          + (str(nums[0]) if len(nums) == 1 else repr(tuple(nums)))
+      )
+    return ' and '.join(parts)
 
   def _numbering(self, mark=None):
     """The signature, one parameter a line, in this transform's numbering."""
@@ -384,7 +423,24 @@ class _StaticArgs:
     array = next((x for x in leaves if _is_array(x)), None)
     if array is not None:
       meant = self._probable_flag(label, received)
-      if origin == 'static_argnames':
+      if isinstance(array, jax.core.Tracer) and not array.shape:
+        # A flag traced by a transform around this one (an outer jax.jit):
+        # removing it from the static arguments here would only move the
+        # error into the function. The fix is where it was traced.
+        advice = (
+            f'`{label}` is a traced scalar: a transform around this call,'
+            ' such as `jax.jit`, traced it before it got here. Make it static'
+            ' there too, e.g. `jax.jit(train_step, static_argnames='
+            f"'{label}')` (or static_argnums), or pass a Python value"
+            f' (`{label}=True`) instead of an argument of the traced function.'
+        )
+      elif not array.shape:
+        advice = (
+            f'Pass a Python value (`{label}=True`, not `jnp.array(True)`), or,'
+            f' if `{label}` is data rather than a setting, remove it from'
+            f' {origin.split()[0]}: arrays are traced.'
+        )
+      elif origin == 'static_argnames':
         advice = f'Remove `{label}` from static_argnames: arrays are traced.' + (
             f' If you meant `{meant}`: static_argnames={meant!r}.'
             if meant
@@ -438,7 +494,7 @@ class _StaticArgs:
           f'{self.transform}: {_or_list(strings)} of {self.display}'
           f' received a str, which JAX cannot trace. Make'
           f' {"it" if len(strings) == 1 else "them"} static:'
-          f' static_argnames={_static_argnames_code(strings)}.'
+          f' {self._make_static(strings)}.'
       )
 
   def _items(self, args, kwargs):
@@ -573,9 +629,13 @@ class _StaticArgs:
         f' {self.fn_name} uses {"it" if one else "them"} in Python control'
         ' flow or as a shape, make'
         f' {"it" if one else "them"} static:'
-        f' static_argnames={_static_argnames_code(labels)}. A named argument'
-        ' is static however it is passed: positionally, by keyword, or left'
-        ' to its default.'
+        f' {self._make_static(labels)}.'
+        + (
+            ' A named argument is static however it is passed: positionally,'
+            ' by keyword, or left to its default.'
+            if any(not l.startswith('*') for l in labels)
+            else ''
+        )
     )
     by_index = [
         f'`{name}` ({origin})'
@@ -628,7 +688,7 @@ def _raise_if_unresolved_everywhere(specs):
         f"{first.transform}: static_argnames contains '{item}', which is not"
         ' a parameter of any of the wrapped methods:\n'
         + ''.join(f'  {spec.display}\n' for spec in specs)
-        + (f"Did you mean '{close[0]}'?\n" if close else '')
+        + (f'Did you mean static_argnames={close[0]!r}?\n' if close else '')
         + 'The parameters that can be static are: '
         + ', '.join(candidates)
         + '.'

@@ -103,11 +103,32 @@ def _checkpoint_lift_transform(
       }
     return lift_transform(transform, target, methods=methods)
   if callable(target) and not isinstance(target, Module):
-    return lift_transform(
+    lifted = lift_transform(
         transform,
         target,
         **resolve(target, trafo_kwargs, first_index, transform_name),
     )
+
+    @functools.wraps(lifted)
+    def checked(self, *args, **kwargs):
+      # `@nn.compact` applied on top of us marks this function, not the
+      # method inside: its submodules would be created outside compact.
+      if getattr(checked, 'compact', False) and not getattr(
+          target, 'compact', False
+      ):
+        name = getattr(target, '__qualname__', target.__name__)
+        raise TypeError(
+            f'{transform_name}: {name.split("<locals>.")[-1]} is decorated'
+            f' with @nn.compact above @{transform_name.split()[0]}(...). A'
+            ' lifted transform wraps the compact method, so swap the two'
+            ' decorators:\n\n'
+            f'  @{transform_name.split()[0]}(...)\n'
+            '  @nn.compact\n'
+            f'  def {target.__name__}(self, ...):'
+        )
+      return lifted(self, *args, **kwargs)
+
+    return checked
   # Not a valid target: let lift_transform raise its usual error.
   return lift_transform(transform, target, methods=methods, **trafo_kwargs)
 

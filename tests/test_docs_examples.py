@@ -1,0 +1,92 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Every code example in README.md and docs/*.md runs as a reader pastes it.
+
+* A ```` ```python ```` block runs alone in a fresh interpreter: it must bring
+  its own imports and inputs. Its ``assert`` lines are what the text claims.
+* The ```` ```{doctest} ```` blocks of one page run in order in one fresh
+  interpreter, as Sphinx's doctest builder runs them (one session per page),
+  with its default option flags.
+* A block that is deliberately a fragment is preceded by the line
+  ``<!-- fragment: why -->`` and is not run.
+
+Other fences (``text``, ``bash``, directives) are not Python.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+FENCE = re.compile(
+    r'^(?P<marker><!-- fragment:[^\n]*-->\n)?'
+    r'```(?P<lang>python|\{doctest\})[^\n]*\n(?P<body>.*?)^```\s*$',
+    re.M | re.S,
+)
+
+# What `doctest_default_flags` of sphinx.ext.doctest sets.
+_RUN_DOCTEST = """
+import doctest, sys
+flags = doctest.ELLIPSIS | doctest.IGNORE_EXCEPTION_DETAIL | doctest.DONT_ACCEPT_TRUE_FOR_1
+test = doctest.DocTestParser().get_doctest(sys.stdin.read(), {}, sys.argv[1], sys.argv[1], 0)
+runner = doctest.DocTestRunner(optionflags=flags)
+runner.run(test)
+sys.exit(1 if runner.failures or not runner.tries else 0)
+"""
+
+
+def _examples():
+  """pytest params: (page, what to run), ids `page:line`."""
+  params = []
+  for page in PAGES:
+    text = page.read_text()
+    rel = page.relative_to(ROOT).as_posix()
+    doctests = []
+    for match in FENCE.finditer(text):
+      if match['marker']:
+        continue
+      line = text.count('\n', 0, match.start('body')) + 1
+      if match['lang'] == 'python':
+        params.append(pytest.param('python', match['body'], id=f'{rel}:{line}'))
+      else:
+        doctests.append(match['body'])
+    if doctests:
+      params.append(pytest.param('doctest', '\n'.join(doctests), id=f'{rel}:doctests'))
+  return params
+
+
+def _run(args, source):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('FLAX_TIEEXT_AUTOPATCH', None)  # the docs describe the default
+  return subprocess.run(
+      [sys.executable, *args], input=source, capture_output=True, text=True,
+      env=env, cwd=ROOT, timeout=600, check=False,
+  )
+
+
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('kind, source', _examples())
+def test_example_runs_pasted_alone(kind, source, request):
+  if kind == 'python':
+    result = _run(['-'], source)
+  else:
+    result = _run(['-c', _RUN_DOCTEST, request.node.callspec.id], source)
+  assert result.returncode == 0, f'{result.stdout}\n{result.stderr}'
+
