@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -61,10 +62,15 @@ class SelfAttention(nn.Module):
   Attributes:
     num_heads: number of attention heads; must divide the feature size.
     dropout_rate: dropout on the attention weights.
+    logical_axes: annotate the kernels with logical axis names
+      (``nn.with_logical_partitioning``): ``('embed', 'qkv', 'heads', 'kv')``
+      for the fused query/key/value projection and ``('heads', 'kv',
+      'embed')`` for the output projection.
   """
 
   num_heads: int
   dropout_rate: float = 0.0
+  logical_axes: bool = False
 
   @nn.compact
   def __call__(
@@ -89,7 +95,11 @@ class SelfAttention(nn.Module):
     features = x.shape[-1]
     head_dim = features // self.num_heads
     qkv = nn.DenseGeneral(
-        (3, self.num_heads, head_dim), use_bias=False, name='qkv')(x)
+        (3, self.num_heads, head_dim), use_bias=False,
+        kernel_init=with_axes(nn.linear.default_kernel_init,
+                              ('embed', 'qkv', 'heads', 'kv'),
+                              self.logical_axes),
+        name='qkv')(x)
     q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
     logits = jnp.einsum('...qhd,...khd->...hqk', q, k) / jnp.sqrt(head_dim)
     if mask is not None:
@@ -99,4 +109,13 @@ class SelfAttention(nn.Module):
         weights)
     y = jnp.einsum('...hqk,...khd->...qhd', weights, v)
     return nn.DenseGeneral(
-        features, axis=(-2, -1), use_bias=False, name='out')(y)
+        features, axis=(-2, -1), use_bias=False,
+        kernel_init=with_axes(nn.linear.default_kernel_init,
+                              ('heads', 'kv', 'embed'), self.logical_axes),
+        name='out')(y)
+
+
+def with_axes(init: Callable[..., jax.Array], names: tuple[str, ...],
+              enabled: bool = True) -> Callable[..., Any]:
+  """``init``, annotated with logical axis ``names`` if ``enabled``."""
+  return nn.with_logical_partitioning(init, names) if enabled else init
