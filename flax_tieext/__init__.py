@@ -18,17 +18,18 @@
 Importing this package installs both features into Flax (``nn.tie``,
 ``lift.tie``, and a ``static_argnames`` argument on ``nn.checkpoint``,
 ``nn.remat``, ``nn.partitioning.remat``, ``lift.checkpoint``,
-``lift.remat``) unless the environment variable ``FLAX_TIEEXT_AUTOPATCH=0``
-is set. The same transforms are always available, unpatched, as
-``flax_tieext.lift`` and ``flax_tieext.linen``. On a Flax that has both
-features natively (``is_native()``), nothing is patched and those names are
-Flax's own.
+``lift.remat`` and ``nnx.remat``) unless the environment variable
+``FLAX_TIEEXT_AUTOPATCH=0`` is set. The same transforms are always available,
+unpatched, as ``flax_tieext.lift``, ``flax_tieext.linen`` and
+``flax_tieext.nnx``. On a Flax that has both features natively
+(``is_native()``), nothing is patched and those names are Flax's own.
 """
 
 __version__ = '0.1.0.dev0'
 
 from flax_tieext import core as core
 from flax_tieext import linen as linen
+from flax_tieext import nnx as nnx
 from flax_tieext.core import lift as lift
 from flax_tieext.core.ties import TieError as TieError
 from flax_tieext.core.ties import tie_variables as tie_variables

@@ -21,12 +21,14 @@ check the monkeypatch runs before it touches anything.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax
 import flax.core.lift as _core_lift
@@ -205,3 +207,65 @@ def adapt_partial_pack(partial_pack):
     return partial_pack_with_invalidate
 
   return make
+
+
+# -- NNX ---------------------------------------------------------------------
+# nnx.remat is patched where the installed Flax has it; a Flax without NNX
+# lacks nothing the rest of the patch needs.
+
+try:
+  # pylint: disable-next=g-import-not-at-top,g-importing-member
+  from flax.typing import MISSING, Missing
+except ImportError:  # Flax 0.8: no shared sentinel
+
+  class Missing:
+    """The type of ``MISSING``, the "argument not given" sentinel."""
+
+  MISSING = Missing()
+
+try:
+  import flax.nnx as _nnx  # pylint: disable=g-import-not-at-top
+except ImportError:
+  _nnx = None
+
+# Flax's own nnx.remat, read before the patch replaces it (None without it).
+NNX_REMAT = getattr(_nnx, 'remat', None)
+
+
+def _nnx_remat_aliases() -> tuple[tuple[Any, str], ...]:
+  if NNX_REMAT is None:
+    return ()
+  return tuple(
+      (module, name)
+      for module_name, module in sorted(sys.modules.items())
+      if module is not None and module_name.split('.')[0] == 'flax'
+      for name, value in list(vars(module).items())
+      if value is NNX_REMAT
+  )
+
+
+# Every (module, name) by which Flax exports its own nnx.remat, found by
+# presence before the patch: the loaded Flax modules holding the object, such
+# as flax.nnx and the module that defines it (flax.nnx.transforms.autodiff, or
+# flax.nnx.nnx.transforms... in older releases). Empty without NNX.
+NNX_REMAT_ALIASES = _nnx_remat_aliases()
+
+
+def nnx_remat_decorator(**options) -> Callable[[Callable[..., Any]], Any]:
+  """Flax's own ``nnx.remat`` as a decorator taking ``options``.
+
+  Options that are ``None`` take Flax's defaults, resolved now as Flax
+  resolves them when ``nnx.remat`` is called: ``graph`` and ``graph_updates``
+  (newer releases only) from ``nnx.set_graph_mode`` / ``set_graph_updates``.
+  Flax's own decorator form is not used: it calls ``remat`` by its module
+  name, which the patch replaces.
+  """
+  options = {k: v for k, v in options.items() if v is not None}
+  accepted = inspect.signature(NNX_REMAT).parameters
+  for option, setting in (
+      ('graph', 'set_graph_mode'), ('graph_updates', 'set_graph_updates')
+  ):
+    context = getattr(getattr(_nnx, 'graphlib', None), setting, None)
+    if option in accepted and option not in options and context is not None:
+      options[option] = context.current_value()
+  return functools.partial(NNX_REMAT, **options)

@@ -65,6 +65,7 @@ def _bindings() -> list[_Binding]:
   from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import partitioning as our_partitioning  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
+  from flax_tieext.nnx import remat as nnx_remat  # pylint: disable=g-import-not-at-top
 
   use = lambda obj: (lambda original: obj)
   Scope = core_scope.Scope  # pylint: disable=invalid-name
@@ -78,6 +79,9 @@ def _bindings() -> list[_Binding]:
       _Binding(nn, 'checkpoint', use(transforms.checkpoint)),
       _Binding(nn, 'remat', use(transforms.remat)),
       _Binding(partitioning, 'remat', use(our_partitioning.remat)),
+      # ... nnx.remat, under every name Flax exports it by (none without NNX).
+      *(_Binding(owner, attr, use(nnx_remat))
+        for owner, attr in _compat.NNX_REMAT_ALIASES),
       # tie: the new transforms ...
       _Binding(_core_lift, 'tie', use(lift.tie)),
       _Binding(linen_transforms, 'tie', use(transforms.tie)),
