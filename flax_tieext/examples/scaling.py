@@ -41,6 +41,7 @@ holds to ``process_<i>.json`` and process 0 the gathered parameters to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -61,6 +62,7 @@ import orbax.checkpoint as ocp
 
 import flax_tieext  # noqa: F401  (installs nn.tie and static_argnames)
 from flax_tieext.examples import albert
+from flax_tieext.examples import launch
 from flax_tieext.examples import task
 
 CONFIG = albert.AlbertConfig(num_layers=4, d_model=32, num_heads=4, d_ff=64,
@@ -259,6 +261,61 @@ def placement(params) -> dict[str, Any]:
             for shard in x.addressable_shards),
     }
   return out
+
+
+@dataclasses.dataclass
+class JobOutput:
+  """What a finished :func:`run_local_job` left in its ``--out`` directory.
+
+  Attributes:
+    processes: each process's ``process_<i>.json``: its ``losses``, and the
+      ``placement`` of every parameter (spec, and the slices it holds).
+    params: the trained parameters, gathered (``params.npz``).
+    results: how each process ended (:class:`launch.ProcessResult`).
+  """
+
+  processes: list[dict[str, Any]]
+  params: dict[str, np.ndarray]
+  results: list[launch.ProcessResult]
+
+  @property
+  def losses(self) -> list[float]:
+    return self.processes[0]['losses']
+
+
+def run_local_job(out: str, num_processes: int, *args: str,
+                  devices_per_process: int = 4, timeout: float = 120,
+                  **launch_kwargs) -> JobOutput:
+  """Runs this program as ``num_processes`` local processes (CPU, gloo).
+
+  Args:
+    out: the ``--out`` directory.
+    num_processes: how many processes.
+    *args: more flags of this program, e.g. ``'--steps', '4'``.
+    devices_per_process: CPU devices each process gets
+      (``XLA_FLAGS=--xla_force_host_platform_device_count``).
+    timeout: seconds every process has to finish.
+    **launch_kwargs: passed to :func:`launch.launch`.
+
+  Returns:
+    What the job wrote.
+
+  Raises:
+    launch.ProcessFailed: a process failed or timed out.
+  """
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=(
+      f'--xla_force_host_platform_device_count={devices_per_process}'))
+  env.pop('FLAX_TIEEXT_AUTOPATCH', None)  # the model needs nn.tie
+  results = launch.launch(
+      ['-m', 'flax_tieext.examples.scaling', '--out', out, *args], num_processes, timeout=timeout,
+      env=env, **launch_kwargs)
+  processes = []
+  for i in range(num_processes):
+    with open(os.path.join(out, f'process_{i}.json')) as f:
+      processes.append(json.load(f))
+  with np.load(os.path.join(out, 'params.npz')) as data:
+    params = {k: data[k] for k in data.files}
+  return JobOutput(processes, params, results)
 
 
 # ---------------------------------------------------------------------------

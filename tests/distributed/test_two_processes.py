@@ -14,7 +14,6 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
-from conftest import run_job
 from flax_tieext.examples import albert
 from flax_tieext.examples import scaling
 
@@ -32,7 +31,7 @@ def _spec(names):
 
 
 def test_two_processes_train_like_one(tmp_path):
-  job = run_job(tmp_path, '--steps', str(STEPS))
+  job = scaling.run_local_job(str(tmp_path), 2, '--steps', str(STEPS))
 
   mesh = scaling.make_mesh(jax.devices()[:1])
   state, losses = scaling.train(scaling.init_state(mesh), STEPS, mesh)
