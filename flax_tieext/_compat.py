@@ -29,6 +29,7 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
+import warnings
 
 import flax
 import flax.core.lift as _core_lift
@@ -223,10 +224,17 @@ except ImportError:  # Flax 0.8: no shared sentinel
 
   MISSING = Missing()
 
-try:
-  import flax.nnx as _nnx  # pylint: disable=g-import-not-at-top
-except ImportError:
-  _nnx = None
+# Some releases import flax.nnx with a DeprecationWarning of their own (Flax
+# 0.11 / 0.12.0 on jax 0.8: "jax.array_ref is deprecated"): not the user's to
+# fix, and an error under `-W error` if flax_tieext were the one to show it.
+with warnings.catch_warnings():
+  warnings.filterwarnings(
+      'ignore', category=DeprecationWarning, module=r'flax\.nnx'
+  )
+  try:
+    import flax.nnx as _nnx  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    _nnx = None
 
 # Flax's own nnx.remat, read before the patch replaces it (None without it).
 NNX_REMAT = getattr(_nnx, 'remat', None)
