@@ -182,17 +182,22 @@ def global_batch(step: int, mesh: Mesh) -> tuple[jax.Array, jax.Array]:
 
 def train(state: State, steps: int, mesh: Mesh, *,
           checkpoints: ocp.CheckpointManager | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> list[float]:
-  """Trains until ``state['step'] == steps``; returns the losses.
+          checkpoint_every: int = 1,
+          on_step: Callable[[int, float], None] | None = None
+          ) -> tuple[State, list[float]]:
+  """Trains until ``state['step'] == steps``.
 
-  Saves a checkpoint after each step that ``checkpoints`` asks for.
+  Saves the state to ``checkpoints`` after every ``checkpoint_every``-th step.
+
+  Returns:
+    The trained state and the loss of each step.
   """
   train_step = make_train_step(mesh)
   losses = []
   for step in range(int(state['step']), steps):
     state, loss = train_step(state, *global_batch(step, mesh))
     losses.append(float(loss))
-    if checkpoints is not None:
+    if checkpoints is not None and (step + 1) % checkpoint_every == 0:
       checkpoints.save(step + 1, args=ocp.args.StandardSave(state))
     if on_step is not None:
       on_step(step + 1, losses[-1])
@@ -204,13 +209,12 @@ def train(state: State, steps: int, mesh: Mesh, *,
 # ---------------------------------------------------------------------------
 
 
-def checkpoint_manager(directory: str, every: int = 1
-                       ) -> ocp.CheckpointManager:
-  """Synchronous saves every ``every`` steps; every step is kept."""
+def checkpoint_manager(directory: str) -> ocp.CheckpointManager:
+  """Synchronous saves (a step's save is done when it returns); all kept."""
   return ocp.CheckpointManager(
       os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(
-          save_interval_steps=every, enable_async_checkpointing=False))
+      options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False),
+      item_handlers=ocp.StandardCheckpointHandler())
 
 
 def restore(checkpoints: ocp.CheckpointManager, mesh: Mesh,
@@ -357,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   mesh = make_mesh()
   print(f'{me}: mesh {dict(mesh.shape)} over {jax.device_count()} devices,'
         f' {jax.local_device_count()} local', flush=True)
-  checkpoints = (checkpoint_manager(args.checkpoint_dir, args.checkpoint_every)
+  checkpoints = (checkpoint_manager(args.checkpoint_dir)
                  if args.checkpoint_dir else None)
   if args.resume:
     state = restore(checkpoints, mesh)
@@ -374,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   start = time.perf_counter()
   try:
     state, losses = train(state, args.steps, mesh, checkpoints=checkpoints,
+                          checkpoint_every=args.checkpoint_every,
                           on_step=on_step)
   except Exception as e:  # pylint: disable=broad-except
     last = checkpoints.latest_step() if checkpoints else None
