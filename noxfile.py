@@ -36,7 +36,6 @@ Every pytest run writes JUnit XML to ``.nox/_reports/<session>/<run>.xml``;
 import configparser
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -86,8 +85,8 @@ CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 CLIENT_EXTRA_REQUIREMENTS = ('einops', 'jaxtyping', 'typeguard>=2,<3', 'sentencepiece')
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here
-# (e.g. 'patches', 'docs', 'bench').
-CI_SESSIONS = [*(f'matrix-{v}' for v in PINS), 'clients', 'patches', 'docs']
+# (e.g. 'upstream', 'docs', 'bench').
+CI_SESSIONS = [*(f'matrix-{v}' for v in PINS), 'clients', 'upstream', 'docs']
 
 nox.options.sessions = ['tests']
 
@@ -341,66 +340,17 @@ def clients(session):
     session.error(problem or 'clients: no test passed')
 
 
-# -- patches/: the upstream-ready diffs (tools/make_patches.py) ---------------
-
-PATCHED = ROOT / '.nox' / '_patched'
+# -- patches/main: the upstream PR series (tools/upstream.py) -------------------
 
 
-def _series_tests(flax):
-  """The test files the series for `flax` adds (transplanted from ours)."""
-  found = []
-  for patch in sorted((ROOT / 'patches' / flax).glob('*.patch')):
-    found += re.findall(
-        r'^diff --git a/(tests/\S+) b/\S+\nnew file mode', patch.read_text(), re.M)
-  return found
-
-
-def _patched_flax(session, flax):
-  """Flax `flax` with its series applied: Flax's tests, ours natively. Problems."""
-  jax, jaxlib = PINS[flax]
-  tree = PATCHED / f'flax-{flax}'
-  shutil.rmtree(tree, ignore_errors=True)
-  # Pristine sdist (sha256-checked), then each patch: git apply --check, git apply.
-  session.run('python', 'tools/make_patches.py', '--apply', flax, str(tree))
-  session.install(
-      str(tree), f'jax=={jax}', f'jaxlib=={jaxlib}', *_test_requirements(),
-      *UPSTREAM_TEST_REQUIREMENTS, silent=True,
-  )
-  session.install('--no-deps', '-e', str(ROOT), silent=True)
-  session.run(
-      'python', '-c',
-      'import flax, flax_tieext; assert flax_tieext.is_native(), "not native";'
-      ' assert not flax_tieext.is_installed(); print(f"patched flax'
-      ' {flax.__version__} from {flax.__file__}: native tie and static_argnames")',
-      env={'FLAX_TIEEXT_AUTOPATCH': '0'},
-  )
-  transplanted = _series_tests(flax)
-  upstream = ('-p', 'no:cacheprovider', '-rfE', '--tb=short')
-  codes = _pytest_side_by_side(session, [
-      (f'flax-{flax}', (*upstream, *UPSTREAM_TESTS), {}),
-      (f'transplanted-{flax}', (*upstream, *transplanted), {}),
-  ], cwd=tree)
-  problems = [_check(session, run, code)[1] for run, code in codes.items()]
-  if not transplanted:
-    problems.append(f'the series for flax {flax} adds no tests')
-  # Our suite with the patch opted out: on this Flax it runs on Flax's own
-  # nn.tie and static_argnames, every test included.
-  run = f'ours-native-{flax}'
-  code = _pytest(session, run, '--tb=short', env={'FLAX_TIEEXT_AUTOPATCH': '0'})
-  problems.append(_check(session, run, code)[1])
-  return [p for p in problems if p]
-
-
-@nox.session(tags=['patches'])
-def patches(session):
-  """patches/ is current and applies to each pristine Flax; that Flax passes its tests and ours natively."""
-  shutil.rmtree(REPORTS / session.name, ignore_errors=True)
-  session.run('python', 'tools/make_patches.py', '--check')
-  problems = []
-  for flax in sorted(p.name for p in (ROOT / 'patches').iterdir() if p.is_dir()):
-    problems += _patched_flax(session, flax)
-  if problems:
-    session.error(f'{session.name}:\n  ' + '\n  '.join(problems))
+@nox.session
+def upstream(session):
+  """patches/main is current and applies; Flax's lint and core + linen suites pass on it."""
+  # Flax 0.12.8 with its JAX, what its tests import, and the lint versions
+  # pinned in Flax's .pre-commit-config.yaml.
+  session.install('flax==0.12.8', 'jax==0.10.2', 'jaxlib==0.10.2', 'optax', 'cloudpickle',
+                  'pytest', 'pytest-xdist', 'ruff==0.1.3', 'pyupgrade==3.16.0')
+  session.run('python', 'tools/upstream_verify.py')
 
 
 # -- docs/ and benchmarks/ ------------------------------------------------------

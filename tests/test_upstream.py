@@ -1,0 +1,191 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""tools/upstream.py: how definitions move into Flax's files, on small sources.
+
+The series itself (built from the real source, applied, linted and tested
+against Flax's suites) is checked by `nox -s upstream`; these tests need no
+sdist and no network.
+"""
+
+import ast
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tools'))
+import upstream  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _module(name, source):
+  """Registers ``source`` as our module ``name``; returns its definitions by name."""
+  source = textwrap.dedent(source)
+  tree = ast.parse(source)
+  lines = source.split('\n')
+  defs = [upstream.Def(name, upstream._names(n)[0],
+                       '\n'.join(lines[upstream._first_line(n) - 1:n.end_lineno]), set())
+          for n in tree.body if upstream._names(n)]
+  upstream._MODULES[name] = (defs, {}, '')
+  return {d.name: d for d in defs}
+
+
+FLAX = textwrap.dedent('''\
+    import functools
+
+    from flax.core.scope import Scope
+
+
+    def pack(fn):
+      return fn
+
+
+    def checkpoint(fn):
+      """Upstream's."""
+      return fn
+
+
+    def jit(fn):
+      return fn
+    ''')
+
+
+def test_a_definition_flax_has_is_replaced_in_place():
+  ours = _module('t.replace', '''\
+      def checkpoint(fn, static_argnames=()):
+        """Ours."""
+        return fn
+      ''')
+  out = upstream.place(FLAX, [ours['checkpoint']])
+  assert '"""Ours."""' in out and '"""Upstream\'s."""' not in out
+  names = [n.name for n in ast.parse(out).body if isinstance(n, ast.FunctionDef)]
+  assert names == ['pack', 'checkpoint', 'jit']
+
+
+def test_a_new_definition_follows_its_predecessor_in_our_source():
+  ours = _module('t.order', '''\
+      def pack(fn):
+        return fn
+
+
+      def _resolve(fn):
+        return fn
+
+
+      def tie(fn):
+        return _resolve(fn)
+      ''')
+  out = upstream.place(FLAX, [ours['_resolve'], ours['tie']])
+  names = [n.name for n in ast.parse(out).body if isinstance(n, ast.FunctionDef)]
+  assert names == ['pack', '_resolve', 'tie', 'checkpoint', 'jit']
+  assert '\n\n\n\n' not in out
+
+
+def test_a_helper_with_no_predecessor_goes_before_the_definition_it_serves():
+  ours = _module('t.helper', '''\
+      def _split(args):
+        return args
+
+
+      def checkpoint(fn):
+        return _split(fn)
+      ''')
+  out = upstream.place(FLAX, [ours['_split'], ours['checkpoint']])
+  names = [n.name for n in ast.parse(out).body if isinstance(n, ast.FunctionDef)]
+  assert names == ['pack', '_split', 'checkpoint', 'jit']
+
+
+def test_imports_inside_functions_move_to_the_module():
+  text, imports = upstream.hoist(textwrap.dedent('''\
+      def f(fn):
+        """Doc."""
+        import inspect  # pylint: disable=g-import-not-at-top
+
+        return inspect.signature(fn)
+      '''))
+  assert imports == ['import inspect']
+  assert 'import' not in text and '"""Doc."""\n  return' in text
+  out = upstream._insert_import(FLAX, imports[0])
+  assert out.startswith('import functools\nimport inspect\n')
+
+
+def test_a_missing_name_is_imported_the_way_flax_spells_its_module(tmp_path):
+  (tmp_path / 'flax/core').mkdir(parents=True)
+  (tmp_path / 'flax/core/ties.py').write_text('')
+  ours = _module('t.imports', '''\
+      def tie(fn):
+        return ties_lib.declare(functools.partial(fn), Iterable)
+      ''')
+  d = ours['tie']
+  d.uses = {'ties_lib', 'functools', 'Iterable'}
+  upstream._MODULES['t.imports'] = ([d], {
+      'ties_lib': 'from flax_tieext.core import ties as ties_lib',
+      'functools': 'import functools',
+      'Iterable': 'from collections.abc import Iterable',
+  }, '')
+  flax = FLAX.replace('import functools\n',
+                      'import functools\nfrom collections.abc import Callable\n')
+  out = upstream.add_imports(flax, [d], 'flax/core/lift.py', tmp_path)
+  assert 'from flax.core import ties as ties_lib\n' in out
+  assert 'from collections.abc import Callable, Iterable\n' in out
+  assert out.count('import functools') == 1
+
+
+def test_a_name_flax_cannot_bind_stops_the_pr(tmp_path):
+  ours = _module('t.compat', '''\
+      def remat(fn):
+        return _compat.nnx_remat(fn)
+      ''')
+  d = ours['remat']
+  d.uses = {'_compat'}
+  upstream._MODULES['t.compat'] = ([d], {'_compat': 'from flax_tieext import _compat'}, '')
+  with pytest.raises(upstream.Error, match=r'remat reads _compat .*no counterpart in Flax'):
+    upstream.add_imports(FLAX, [d], 'flax/core/lift.py', tmp_path)
+
+
+def test_each_pr_reaches_its_helpers_and_nothing_of_a_later_pr():
+  static = upstream.reach(upstream.PRS[0], set())
+  names = {d.name for d in static}
+  assert {'checkpoint', 'remat', '_StaticArgs'} <= names
+  assert not names & {'tie', '_partial_pack'}
+  assert {d.module for d in static} == {'flax_tieext.core.lift'}
+
+
+def test_plugin_code_and_private_parameters_are_reported(tmp_path):
+  def git(*args):
+    subprocess.run(['git', '-c', 'user.name=t', '-c', 'user.email=t@t', *args],
+                   cwd=tmp_path, check=True, capture_output=True)
+
+  git('init', '-q')
+  (tmp_path / 'm.py').write_text('def f(x):\n  return x\n')
+  git('add', '-A')
+  git('commit', '-qm', 'base')
+  (tmp_path / 'm.py').write_text(
+      'def f(x, *, _channel=None):\n  import flax_tieext\n  return x \n')
+  git('commit', '-qam', 'pr')
+  found = upstream.leftovers(tmp_path)
+  assert 'm.py: f(_channel=...) is private' in found
+  assert '+  import flax_tieext' in found
+  assert '+  return x ' in found  # trailing whitespace
+
+
+def test_every_pr_has_a_description_and_its_test_classes():
+  for pr in upstream.PRS:
+    doc = (ROOT / 'docs' / 'upstream' / f'{pr.slug}.md').read_text()
+    assert doc.startswith('# ') and '\n## Why' in doc and '\n## Tests' in doc, pr.slug
+    for stem, name in pr.tests:
+      assert name in {d.name for d in upstream.read_module(f'tests.upstream.{stem}')[0]}

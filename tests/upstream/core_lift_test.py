@@ -1,0 +1,88 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Test classes that `tools/upstream.py` moves into Flax's tests/core/core_lift_test.py.
+
+Written once, in Flax's names: here they run on Flax with the plugin installed
+(`import flax_tieext`), upstream on Flax with the series applied. Only this
+import block stays behind.
+"""
+
+from absl.testing import parameterized
+import jax
+from jax import numpy as jnp
+from jax import random
+import numpy as np
+
+from flax.core import apply, init, lift
+import flax_tieext  # noqa: F401  (installs the features into Flax)
+
+
+class CheckpointStaticArgnamesTest(parameterized.TestCase):
+
+  @staticmethod
+  def dense(scope, x, activation='relu', *, scale=1.0):
+    w = scope.param('w', jax.nn.initializers.normal(), (x.shape[-1], 2))
+    y = scale * (x @ w)
+    return jax.nn.relu(y) if activation == 'relu' else jnp.tanh(y)
+
+  @parameterized.named_parameters(
+      ('default', (), {}),
+      ('positional', ('tanh',), {}),
+      ('keyword', (), {'activation': 'tanh'}),
+      ('keyword_only', (), {'scale': 2.0}),
+  )
+  def test_matches_plain_call(self, args, kwargs):
+    rematted = lift.checkpoint(
+        self.dense, static_argnames=('activation', 'scale')
+    )
+    x = random.normal(random.key(0), (4, 3))
+    y, variables = init(rematted)(random.key(1), x, *args, **kwargs)
+    expected, expected_variables = init(self.dense)(
+        random.key(1), x, *args, **kwargs
+    )
+    np.testing.assert_allclose(y, expected)
+    grad = jax.grad(
+        lambda v: apply(rematted)(v, x, *args, **kwargs).sum()
+    )(variables)
+    expected_grad = jax.grad(
+        lambda v: apply(self.dense)(v, x, *args, **kwargs).sum()
+    )(expected_variables)
+    np.testing.assert_allclose(grad['params']['w'], expected_grad['params']['w'])
+
+  @parameterized.named_parameters(
+      ('positional', ('tanh', random.normal(random.key(0), (4, 3))), {}),
+      ('keyword', (), {'activation': 'tanh',
+                       'x': random.normal(random.key(0), (4, 3))}),
+  )
+  def test_static_argnums_covers_keyword_calls(self, args, kwargs):
+    def dense(scope, activation, x):
+      return self.dense(scope, x, activation)
+
+    rematted = lift.checkpoint(dense, static_argnums=0)
+    y, _ = init(rematted)(random.key(1), *args, **kwargs)
+    expected, _ = init(dense)(random.key(1), *args, **kwargs)
+    np.testing.assert_allclose(y, expected)
+
+  def test_unknown_name_suggests_parameter(self):
+    with self.assertRaisesRegex(
+        ValueError, "'activaton'(.|\n)*Did you mean static_argnames='activation'"
+    ):
+      lift.checkpoint(self.dense, static_argnames='activaton')
+
+  def test_array_for_static_argument(self):
+    rematted = lift.checkpoint(self.dense, static_argnames='activation')
+    x = jnp.ones((1, 3))
+    with self.assertRaisesRegex(ValueError, '`activation`.* received an array'):
+      init(rematted)(random.key(0), x, activation=x)

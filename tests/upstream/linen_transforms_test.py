@@ -1,0 +1,173 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Test classes that `tools/upstream.py` moves into Flax's tests/linen/linen_transforms_test.py.
+
+Written once, in Flax's names: here they run on Flax with the plugin installed
+(`import flax_tieext`), upstream on Flax with the series applied. Only this
+import block stays behind.
+"""
+
+from absl.testing import parameterized
+from flax import linen as nn
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+
+from flax_tieext.core import ties
+
+
+class CheckpointStaticArgnamesTest(parameterized.TestCase):
+
+  class MLP(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, deterministic=False, *, scale=1.0):
+      x = scale * nn.Dense(4)(x)
+      return nn.Dropout(0.5, deterministic=deterministic)(x)
+
+  @parameterized.named_parameters(
+      ('default', (), {}),
+      ('positional', (True,), {}),
+      ('keyword', (), {'deterministic': True}),
+      ('keyword_only', (), {'scale': 2.0}),
+  )
+  def test_matches_plain_module(self, args, kwargs):
+    remat_mlp = nn.remat(self.MLP, static_argnames=('deterministic', 'scale'))
+    x = random.normal(random.key(0), (2, 3))
+    rngs = {'params': random.key(1), 'dropout': random.key(2)}
+    variables = self.MLP().init(rngs, x, True)
+    self.assertEqual(
+        jax.tree.structure(remat_mlp().init(rngs, x, True)),
+        jax.tree.structure(variables),
+    )
+    def loss(module, params):
+      y = module.apply(
+          {'params': params}, x, *args, rngs={'dropout': random.key(3)},
+          **kwargs,
+      )
+      return y.sum(), y
+    (_, y), grad = jax.value_and_grad(
+        lambda p: loss(remat_mlp(), p), has_aux=True)(variables['params'])
+    (_, expected), expected_grad = jax.value_and_grad(
+        lambda p: loss(self.MLP(), p), has_aux=True)(variables['params'])
+    np.testing.assert_allclose(y, expected)
+    jax.tree.map(np.testing.assert_allclose, grad, expected_grad)
+
+  def test_decorator_on_compact_method(self):
+    class Model(nn.Module):
+
+      @nn.checkpoint(static_argnames='deterministic')
+      @nn.compact
+      def __call__(self, x, deterministic=False):
+        return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(2)(x))
+
+    x = jnp.ones((1, 3))
+    variables = Model().init(random.key(0), x, deterministic=True)
+    y = Model().apply(variables, x, deterministic=True)
+    expected = nn.Dense(2).apply(
+        {'params': variables['params']['Dense_0']}, x)
+    np.testing.assert_allclose(y, expected)
+
+  def test_static_argnums_counts_self(self):
+    by_name = nn.remat(self.MLP, static_argnames='deterministic')
+    by_index = nn.remat(self.MLP, static_argnums=2)
+    x = jnp.ones((2, 3))
+    variables = by_name().init(random.key(0), x, True)
+    np.testing.assert_allclose(
+        by_index().apply(variables, x, deterministic=True),
+        by_name().apply(variables, x, True),
+    )
+
+  def test_unknown_name_suggests_parameter(self):
+    with self.assertRaisesRegex(
+        ValueError, "'determinstic'(.|\n)*'deterministic'"):
+      nn.remat(self.MLP, static_argnames='determinstic')
+
+
+class TieTest(parameterized.TestCase):
+
+  class Stack(nn.Module):
+    """Two Dense layers; the second may be tied to the first."""
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.remat(nn.Dense) if self.remat else nn.Dense
+      x = jnp.tanh(dense(3, name='a')(x))
+      return dense(3, name='b')(x)
+
+  class Shared(nn.Module):
+    """The reference: one Dense instance called at two places."""
+
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.Dense(3, name='a')
+      return dense(jnp.tanh(dense(x)))
+
+  @parameterized.parameters(False, True)
+  def test_module_tie_is_one_shared_module(self, remat):
+    tied = nn.tie(self.Stack, {'b': 'a'})(remat=remat)
+    x = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), x)
+    expected_variables = self.Shared().init(random.key(1), x)
+    self.assertEqual(
+        jax.tree.structure(variables), jax.tree.structure(expected_variables))
+    loss = lambda m, p: m.apply({'params': p}, x).sum()
+    grad = jax.grad(lambda p: loss(tied, p))(variables['params'])
+    expected_grad = jax.grad(lambda p: loss(self.Shared(), p))(
+        variables['params'])
+    np.testing.assert_allclose(
+        tied.apply(variables, x), self.Shared().apply(variables, x))
+    jax.tree.map(np.testing.assert_allclose, grad, expected_grad)
+
+  def test_missing_source_names_nearest(self):
+    tied = nn.tie(self.Stack, {'b': 'aa'})()
+    with self.assertRaisesRegex(ties.TieError, "'aa'|aa"):
+      tied.init(random.key(0), jnp.ones((1, 3)))
+
+
+class TieVariablesTest(parameterized.TestCase):
+
+  class LM(nn.Module):
+    """An embedding and an output head, optionally tied through a transpose."""
+
+    @nn.compact
+    def __call__(self, tokens):
+      x = nn.Embed(5, 3, name='embed')(tokens)
+      return nn.Dense(5, use_bias=False, name='head')(x)
+
+  def test_viewed_tie_and_conversion(self):
+    ties_ = {'head/kernel': ('embed/embedding', jnp.transpose)}
+    tied = nn.tie(self.LM, ties_)()
+    tokens = jnp.array([[0, 3, 4]])
+    variables = tied.init(random.key(0), tokens)
+    self.assertEqual(list(variables['params']), ['embed'])
+    untied = ties.untie_variables(variables, ties_)
+    embedding = variables['params']['embed']['embedding']
+    np.testing.assert_allclose(
+        untied['params']['head']['kernel'], embedding.T)
+    np.testing.assert_allclose(
+        tied.apply(variables, tokens), self.LM().apply(untied, tokens))
+    retied = ties.tie_variables(untied, ties_)
+    jax.tree.map(np.testing.assert_allclose, retied, variables)
+    grad = jax.grad(lambda v: tied.apply(v, tokens).sum())(variables)
+    expected = jax.grad(lambda v: self.LM().apply(v, tokens).sum())(untied)
+    np.testing.assert_allclose(
+        grad['params']['embed']['embedding'],
+        expected['params']['embed']['embedding']
+        + expected['params']['head']['kernel'].T,
+        rtol=1e-6,
+    )

@@ -1,0 +1,463 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Makes the upstream PR series ``patches/main/`` from the plugin's source.
+
+The plugin is the one source of truth (docs/upstream_patches.md). Each PR names
+its *roots*, the definitions it adds or changes; it carries them and every
+top-level definition of the plugin's modules they reach (by name, or as
+``module.name``), verbatim, into the same-named Flax module: a definition Flax
+has is replaced in place, a new one goes after its predecessor in our source,
+an import Flax lacks is added. Test classes move the same way, from
+``tests/upstream/<Flax test file>`` (which our own pytest run collects). Only
+our import blocks stay behind. Nothing is rewritten by pattern: what cannot
+move verbatim stops the series at that PR, with the reason.
+
+    python tools/upstream.py build                # writes patches/main/
+    python tools/upstream.py apply DIR [VERSION]  # that release's sdist + the series
+    python tools/upstream_verify.py               # all checks (`nox -s upstream`)
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import symtable
+import tarfile
+import tempfile
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SERIES = ROOT / 'patches' / 'main'
+SPEC = tomllib.loads((ROOT / 'patches' / 'series.toml').read_text())
+BASE, BUILD_ON, RELEASES = SPEC['base'], SPEC['build_on'], SPEC['releases']
+SDISTS = ROOT / '.nox' / '_sdists'
+AUTHOR = ('flax-tieext', 'flax-tieext@users.noreply.github.com')
+DATE = '2026-12-01T00:00:00+00:00'
+# Text that marks plugin code; none of it may reach Flax.
+LEFTOVERS = ('flax_tieext', 'machinery_installed', '__flax_tie', 'plugin-only',
+             '# section:', 'needs_patch', '_compat')
+
+
+class Error(Exception):
+  """The source cannot make a PR as it is; the message says why and where."""
+
+
+def flax_module(ours: str) -> str:
+  """``flax_tieext.core.lift`` -> ``flax.core.lift``; tests/upstream -> Flax's file."""
+  if ours.startswith('tests.upstream.'):
+    return TESTS[ours.rpartition('.')[2]]
+  return 'flax' + ours[len('flax_tieext'):]
+
+
+def _path(module: str) -> pathlib.Path:
+  return pathlib.Path(*module.split('.')).with_suffix('.py')
+
+
+def _first_line(node: ast.stmt) -> int:
+  return min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
+
+
+def _names(node: ast.stmt) -> list[str]:
+  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    return [node.name]
+  targets = getattr(node, 'targets', None) or [getattr(node, 'target', None)]
+  return [t.id for t in targets if isinstance(t, ast.Name)]
+
+
+def _imports(body) -> list[ast.stmt]:
+  return [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+@dataclasses.dataclass
+class Def:
+  module: str  # ours, e.g. 'flax_tieext.core.lift'
+  name: str
+  text: str    # its lines, with the comment lines right above it
+  uses: set    # global names it reads, and ('module', 'name') of ours it reaches
+
+
+def _globals(node: ast.stmt, table: symtable.SymbolTable | None) -> set[str]:
+  """The global names a top-level statement reads."""
+  found, outer = set(), [node]
+  if table is not None:  # a def or class: its body through the symbol table
+    outer = [*node.decorator_list, *getattr(node, 'bases', [])]
+    outer += [node.args, *filter(None, [node.returns])] if hasattr(node, 'args') else []
+    tables = [table]
+    while tables:
+      t = tables.pop()
+      tables += t.get_children()
+      found |= {s.get_name() for s in t.get_symbols() if s.is_referenced() and (
+          s.is_global() or (t.get_type() == 'class' and not s.is_assigned()))}
+  for n in outer:
+    found |= {s.id for s in ast.walk(n) if isinstance(s, ast.Name)
+              and isinstance(s.ctx, ast.Load)}
+  return found - set(dir(builtins))
+
+
+_MODULES: dict[str, tuple[list[Def], dict[str, str], str]] = {}
+
+
+def read_module(module: str):
+  """A module of ours: its definitions, its imports (bound name -> statement), its docstring."""
+  if module in _MODULES:
+    return _MODULES[module]
+  source = (ROOT / _path(module)).read_text()
+  tree, lines = ast.parse(source), source.split('\n')
+  tables = {t.get_name(): t for t in symtable.symtable(source, module, 'exec').get_children()}
+  imports, ours = {}, {}  # ours: bound name -> our module, or (our module, name)
+  for node in _imports(tree.body):
+    for a in node.names:
+      bound = (a.asname or a.name).split('.')[0]
+      imports[bound] = ast.unparse(
+          ast.ImportFrom(node.module, [a], node.level) if isinstance(node, ast.ImportFrom)
+          else ast.Import([a]))
+      full = f'{node.module}.{a.name}' if isinstance(node, ast.ImportFrom) else a.name
+      if full.startswith('flax_tieext.') and (ROOT / _path(full)).exists():
+        ours[bound] = full
+      elif getattr(node, 'module', '').startswith('flax_tieext.'):
+        ours[bound] = (node.module, a.name)
+  defs = []
+  for node in tree.body:
+    if not _names(node):
+      continue
+    first = _first_line(node)
+    while first > 1 and lines[first - 2].startswith('#') and set(lines[first - 2]) - {'#', '-', ' '}:
+      first -= 1
+    uses = _globals(node, tables.get(_names(node)[0]) if hasattr(node, 'body') else None)
+    uses |= {ours[n] for n in uses if isinstance(ours.get(n), tuple)}
+    uses |= {(ours[s.value.id], s.attr) for s in ast.walk(node) if isinstance(s, ast.Attribute)
+             and isinstance(s.value, ast.Name) and isinstance(ours.get(s.value.id), str)}
+    text = '\n'.join(lines[first - 1:node.end_lineno])
+    defs += [Def(module, name, text, uses) for name in _names(node)]
+  _MODULES[module] = defs, imports, ast.get_docstring(tree) or ''
+  return _MODULES[module]
+
+
+def _find(module: str, name: str) -> list[Def]:
+  """``name`` in our ``module``, or in the one module of package ``module`` defining it."""
+  if (ROOT / _path(module)).exists():
+    return [d for d in read_module(module)[0] if d.name == name]
+  package = ROOT / pathlib.Path(*module.split('.'))
+  found = [d for p in sorted(package.rglob('[!_]*.py'))
+           for d in read_module('.'.join(p.relative_to(ROOT).with_suffix('').parts))[0]
+           if d.name == name]
+  return found if len({d.module for d in found}) == 1 else []
+
+
+@dataclasses.dataclass
+class PR:
+  """One PR of patches/series.toml."""
+  slug: str
+  roots: list  # [our module or package, name]
+  tests: list  # [Flax test file stem, class name in tests/upstream/<stem>.py]
+  changelog: str
+  edits: list = dataclasses.field(default_factory=list)  # [Flax file, anchor, replacement]
+  scope_hooks: bool = False
+
+
+PRS = [PR(**pr) for pr in SPEC['pr']]
+TESTS = SPEC['test_files']
+WAIVED = SPEC['waived']
+
+
+def scope_hooks() -> list[tuple[str, str]]:
+  """(Scope method, ties hook) of each ``_Binding(Scope, method, ties.hook)`` of our patch."""
+  return [(c.args[1].value, c.args[2].attr) for c in ast.walk(ast.parse(
+      (ROOT / 'flax_tieext/_patch.py').read_text())) if isinstance(c, ast.Call)
+      and getattr(c.func, 'id', '') == '_Binding' and ast.unparse(c.args[0]) == 'Scope'
+      and ast.unparse(c.args[2]).startswith('ties.')]
+
+
+def reach(pr: PR, taken: set) -> list[Def]:
+  """``pr``'s roots and the definitions of ours they reach that no earlier PR took."""
+  roots = [*map(tuple, pr.roots), *(('flax_tieext.core.ties', h) for _, h in scope_hooks() if pr.scope_hooks)]
+  todo, mine = list(roots), []
+  while todo:
+    module, name = key = todo.pop()
+    found = _find(module, name)
+    if not found and key in roots:
+      raise Error(f'{module} defines no (or more than one) {name}')
+    for d in found:
+      if (d.module, d.name) not in taken:
+        taken.add((d.module, d.name))
+        mine.append(d)
+        local = {x.name for x in read_module(d.module)[0]}
+        todo += [u if isinstance(u, tuple) else (d.module, u) for u in d.uses
+                 if isinstance(u, tuple) or u in local]
+  order = {(d.module, d.name): i for m in _MODULES.values() for i, d in enumerate(m[0])}
+  return sorted(mine, key=lambda d: (d.module, order[d.module, d.name]))
+
+
+def _bound(source: str) -> set[str]:
+  body = ast.parse(source).body
+  return {n for node in body for n in _names(node)} | {
+      (a.asname or a.name).split('.')[0] for n in _imports(body) for a in n.names}
+
+
+def _insert_import(source: str, stmt: str) -> str:
+  """Adds ``stmt``: a stdlib module among the leading stdlib imports, others after the last."""
+  body, lines = ast.parse(source).body, source.split('\n')
+  node = ast.parse(stmt).body[0]
+  same = [n for n in _imports(body) if isinstance(node, ast.ImportFrom) and isinstance(
+      n, ast.ImportFrom) and (n.module, n.level) == (node.module, node.level)
+      and n.lineno == n.end_lineno and '#' not in lines[n.lineno - 1]]
+  if same:  # `from collections.abc import Callable, Mapping` gains a name
+    same[0].names += node.names
+    lines[same[0].lineno - 1] = ast.unparse(same[0])
+    return '\n'.join(lines)
+  stdlib = [n for n in _imports(body) if isinstance(n, ast.Import) and
+            n.names[0].name.split('.')[0] in sys.stdlib_module_names]
+  if isinstance(node, ast.Import) and stdlib:
+    after = [n for n in stdlib if n.names[0].name < node.names[0].name]
+    at = after[-1].end_lineno if after else stdlib[0].lineno - 1
+  else:
+    at = max(n.end_lineno for n in _imports(body))
+  return '\n'.join(lines[:at] + [stmt] + lines[at:])
+
+
+def hoist(text: str) -> tuple[str, list[str]]:
+  """``text`` without the imports inside its functions; those imports."""
+  tree, lines = ast.parse(text), text.split('\n')
+  found = [n for n in ast.walk(tree) if n not in tree.body and isinstance(
+      n, (ast.Import, ast.ImportFrom))]
+  for n in sorted(found, key=lambda n: -n.lineno):
+    del lines[n.lineno - 1:n.end_lineno]
+    if n.lineno <= len(lines) and not lines[n.lineno - 1].strip() and (
+        lines[n.lineno - 2].rstrip().endswith('"""') or not lines[n.lineno - 2].strip()):
+      del lines[n.lineno - 1]
+  return '\n'.join(lines), [ast.unparse(n) for n in found]
+
+
+def place(source: str, defs: list[Def]) -> str:
+  """Puts ``defs`` into a Flax module: replaced in place, or after their predecessor."""
+  previous = None
+  for i, d in enumerate(defs):
+    lines = source.split('\n')
+    top = {n: node for node in ast.parse(source).body for n in _names(node)}
+    text = hoist(d.text)[0].split('\n')
+    if d.name in top:
+      lines[_first_line(top[d.name]) - 1:top[d.name].end_lineno] = text
+    else:
+      ours = [e.name for e in read_module(d.module)[0]]
+      before = [n for n in ours[:ours.index(d.name)] if n in top]
+      if previous or before:  # after what precedes it in our source
+        at = top[previous or before[-1]].end_lineno
+      else:  # before the next one Flax has, or `if __name__ == '__main__'`, or at the end
+        later = [top[e.name] for e in defs[i:] if e.name in top] + [
+            n for n in ast.parse(source).body if isinstance(n, ast.If)
+            and '__main__' in ast.unparse(n.test)]
+        at = _first_line(later[0]) - 1 if later else len(lines)
+        while at > 0 and (not lines[at - 1].strip() or (later and lines[at - 1].startswith('#'))):
+          at -= 1
+      lines[at:at] = ['', '', *text]
+    source, previous = '\n'.join(lines), d.name
+    while '\n\n\n\n' in source:
+      source = source.replace('\n\n\n\n', '\n\n\n')
+  return source
+
+
+def add_imports(source: str, defs: list[Def], dest: str, tree: pathlib.Path) -> str:
+  """Imports each name the moved definitions read that ``dest`` does not bind."""
+  for d in defs:
+    ours = read_module(d.module)[1]
+    for stmt in hoist(d.text)[1]:
+      if ast.parse(stmt).body[0].names[0].name not in _bound(source):
+        source = _insert_import(source, stmt)
+    for name in sorted(u for u in d.uses if isinstance(u, str) and u not in _bound(source)):
+      if name not in ours:
+        raise Error(f'{dest}: {d.name} reads {name}, which Flax does not define there'
+                    ' (defined by a PR that is not in the series?)')
+      node = ast.parse(ours[name]).body[0]
+      if isinstance(node, ast.ImportFrom) and node.module.startswith('flax_tieext'):
+        full = flax_module(f'{node.module}.{node.names[0].name}')
+        if (tree / _path(full)).exists():  # `from flax_tieext.core import ties as x`
+          node.module, node.names[0].name = full.rpartition('.')[0], full.rpartition('.')[2]
+        else:
+          node.module = flax_module(node.module)
+        if not (tree / _path(node.module)).exists() and not (
+            tree / _path(f'{node.module}.{node.names[0].name}')).exists():
+          raise Error(f'{dest}: {d.name} reads {name} ({ours[name]}), which has no'
+                      ' counterpart in Flax')
+      source = _insert_import(source, ast.unparse(node))
+  return source
+
+
+def hook_scope(tree: pathlib.Path) -> None:
+  """``@ties.<hook>`` above each Scope method our patch wraps with that hook."""
+  path = tree / 'flax/core/scope.py'
+  source = _insert_import(path.read_text(), 'from flax.core import ties')
+  scope = next(n for n in ast.parse(source).body if getattr(n, 'name', '') == 'Scope')
+  methods = {n.name: n for n in scope.body if isinstance(n, ast.FunctionDef)}
+  lines = source.split('\n')
+  for method, hook in sorted(scope_hooks(), key=lambda p: -_first_line(methods[p[0]])):
+    lines.insert(_first_line(methods[method]) - 1, f'  @ties.{hook}')
+  path.write_text('\n'.join(lines))
+
+
+def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
+  """Makes ``pr``'s change in the Flax source ``tree``."""
+  by_dest = {}
+  for d in reach(pr, taken):
+    by_dest.setdefault(str(_path(flax_module(d.module))), []).append(d)
+  for stem, name in pr.tests:
+    found = [d for d in read_module(f'tests.upstream.{stem}')[0] if d.name == name]
+    if not found:
+      raise Error(f'tests/upstream/{stem}.py has no {name}')
+    by_dest.setdefault(str(_path(TESTS[stem])), []).extend(found)
+  for dest, defs in by_dest.items():
+    path = tree / dest
+    if not path.exists():  # a new module: Flax's license header, our docstring
+      header = (tree / 'flax/core/lift.py').read_text().split('\n\n')[0]
+      doc = read_module(defs[0].module)[2]
+      path.write_text(f'{header}\n\n"""{doc}\n"""\n\nfrom __future__ import annotations\n')
+    path.write_text(place(path.read_text(), defs))
+  for dest, defs in by_dest.items():  # once every new module exists
+    source = add_imports((tree / dest).read_text(), defs, dest, tree)
+    (tree / dest).write_text(source.rstrip('\n') + '\n')
+  for file, anchor, new in pr.edits:
+    text = (tree / file).read_text()
+    if anchor not in text:
+      raise Error(f'{file} has no {anchor!r}')
+    (tree / file).write_text(text.replace(anchor, new, 1))
+  # Flax's CHANGELOG: "Add your change to a random empty line [of vNext] to
+  # avoid merge conflicts". We take the last free one.
+  lines = (tree / 'CHANGELOG.md').read_text().split('\n')
+  start = next(i for i, l in enumerate(lines) if l.startswith('(Add your change'))
+  free = [i for i in range(start, lines.index('', start)) if lines[i] == '-']
+  lines[free[-1]] = f'- {pr.changelog}'
+  (tree / 'CHANGELOG.md').write_text('\n'.join(lines))
+  if pr.scope_hooks:
+    hook_scope(tree)
+
+
+def leftovers(tree: pathlib.Path) -> list[str]:
+  """Plugin code and whitespace errors the last commit adds; new private parameters."""
+  diff = git(tree, 'diff', 'HEAD~1', capture=True).split('\n')
+  bad = [l for l in diff if l.startswith('+') and not l.startswith('+++') and (
+      any(m in l for m in LEFTOVERS) or l != l.rstrip())]
+
+  def private(rev, path):
+    try:
+      source = git(tree, 'show', f'{rev}:{path}', capture=True)
+    except subprocess.CalledProcessError:
+      return set()
+    return {f'{path}: {n.name}({a.arg}=...) is private' for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.FunctionDef) and not n.name.startswith('_')
+            for a in n.args.args + n.args.kwonlyargs if a.arg.startswith('_')}
+
+  for path in git(tree, 'diff', '--name-only', 'HEAD~1', capture=True).split():
+    if path.endswith('.py'):
+      bad += sorted(private('HEAD', path) - private('HEAD~1', path))
+  return bad
+
+
+def git(cwd, *args, capture=False):
+  env = {**os.environ, 'GIT_AUTHOR_NAME': AUTHOR[0], 'GIT_AUTHOR_EMAIL': AUTHOR[1],
+         'GIT_COMMITTER_NAME': AUTHOR[0], 'GIT_COMMITTER_EMAIL': AUTHOR[1],
+         'GIT_AUTHOR_DATE': DATE, 'GIT_COMMITTER_DATE': DATE}
+  out = subprocess.run(['git', '-c', 'core.autocrlf=false', '-c', 'commit.gpgsign=false',
+                        *args], cwd=cwd, env=env, check=True, text=True, capture_output=capture)
+  return out.stdout if capture else None
+
+
+def sdist(version: str) -> pathlib.Path:
+  """Flax ``version``'s sdist from PyPI (cached), checked against its sha256."""
+  tarball = SDISTS / f'flax-{version}.tar.gz'
+  if not tarball.exists():
+    subprocess.run([sys.executable, '-m', 'pip', 'download', '-q', '--no-deps',
+                    '--no-binary', ':all:', '--ignore-requires-python',
+                    f'flax=={version}', '-d', str(SDISTS)], check=True)
+  digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+  if digest != RELEASES[version]:
+    raise Error(f'{tarball}: sha256 {digest}, expected {RELEASES[version]}')
+  return tarball
+
+
+def pristine(dest: pathlib.Path, version: str = BUILD_ON) -> pathlib.Path:
+  """A git repository of Flax ``version``'s unpacked sdist."""
+  shutil.rmtree(dest, ignore_errors=True)
+  unpack = pathlib.Path(tempfile.mkdtemp())
+  with tarfile.open(sdist(version)) as tar:
+    tar.extractall(unpack, filter='data')
+  shutil.move(next(unpack.iterdir()), dest)
+  git(dest, 'init', '-q')
+  git(dest, 'add', '-A')
+  git(dest, 'commit', '-qm', f'flax {version}')
+  return dest
+
+
+def build(out: pathlib.Path = SERIES, tree: pathlib.Path | None = None) -> list[str]:
+  """Commits each PR onto a pristine Flax and writes the series to ``out``.
+
+  A PR the source cannot make yet is left out, with the PRs after it (they are
+  still tried, so that every blocker is reported). Returns the blockers.
+  """
+  tree = pristine(tree or pathlib.Path(tempfile.mkdtemp()) / 'flax')
+  start = git(tree, 'rev-parse', 'HEAD', capture=True).strip()
+  series_end, taken, blocked, unused = start, set(), [], set(WAIVED)
+  for pr in PRS:
+    good, taken_before = git(tree, 'rev-parse', 'HEAD', capture=True).strip(), set(taken)
+    try:
+      apply_pr(pr, taken, tree)
+      message = (ROOT / 'docs/upstream' / f'{pr.slug}.md').read_text().split('\n## ')[0]
+      git(tree, 'add', '-A')
+      git(tree, 'commit', '-q', '-m', message.removeprefix('# ').strip())
+      for item in leftovers(tree):
+        if item not in WAIVED:
+          raise Error('plugin code or whitespace errors:\n  ' + '\n  '.join(
+              b for b in leftovers(tree) if b not in WAIVED))
+        print(f'warning: {pr.slug}: {item}: waived until {WAIVED[item]}', file=sys.stderr)
+        unused.discard(item)
+    except Error as e:
+      blocked.append(f'{pr.slug}: {e}')
+      taken = taken_before
+      git(tree, 'reset', '-q', '--hard', good)
+      git(tree, 'clean', '-qfd')
+      continue
+    if not blocked:
+      series_end = git(tree, 'rev-parse', 'HEAD', capture=True).strip()
+  shutil.rmtree(out, ignore_errors=True)
+  if series_end != start:
+    git(tree, 'format-patch', '-q', '--zero-commit', '--no-signature', '-o', str(out),
+        f'{start}..{series_end}')
+  blocked += [f'WAIVED is stale, remove: {item}' for item in sorted(unused)]
+  for reason in blocked:
+    print(f'NOT IN THE SERIES: {reason}', file=sys.stderr)
+  return blocked
+
+
+def main(argv: list[str]) -> int:
+  command = argv[0] if argv else 'build'
+  try:
+    if command == 'build':
+      build()
+    else:
+      print(__doc__)
+      return 2
+  except Error as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
