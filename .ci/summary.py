@@ -23,24 +23,12 @@ line per run, in the order they ran, then the total as the closing line,
 Exits 1 if any test failed or errored, or if there is no report at all.
 """
 
+import collections
 import pathlib
 import sys
 import xml.etree.ElementTree as ET
 
-
-def _counts(xml):
-  counts = {'passed': 0, 'failed': 0, 'skipped': 0, 'errors': 0}
-  for case in ET.parse(xml).getroot().iter('testcase'):
-    tags = {child.tag for child in case}
-    if 'error' in tags:
-      counts['errors'] += 1
-    elif 'failure' in tags:
-      counts['failed'] += 1
-    elif 'skipped' in tags:
-      counts['skipped'] += 1
-    else:
-      counts['passed'] += 1
-  return counts
+import harness  # .ci/harness.py, next to this script
 
 
 def main(argv):
@@ -51,22 +39,17 @@ def main(argv):
   for xml in xmls:
     first[xml.parent] = min(first.get(xml.parent, float('inf')), xml.stat().st_mtime)
   xmls.sort(key=lambda x: (first[x.parent], x.stem))
-  total = {'passed': 0, 'failed': 0, 'skipped': 0, 'errors': 0}
+  total = collections.Counter()
   print(f'\n===== test counts of the nox sessions ({reports}) =====')
   for xml in xmls:
     try:
-      counts = _counts(xml)
+      counts = harness.counts(harness.outcomes(xml))
     except ET.ParseError as e:
-      counts = {'passed': 0, 'failed': 0, 'skipped': 0, 'errors': 1}
+      counts = harness.counts({xml.stem: 'error'})
       print(f'{xml}: unreadable report ({e})')
-    for k, v in counts.items():
-      total[k] += v
-    print(
-        f'  {xml.parent.name:<16} {xml.stem:<16} {counts["passed"]:>5} passed,'
-        f' {counts["failed"]:>4} failed, {counts["skipped"]:>3} skipped,'
-        f' {counts["errors"]:>3} errors'
-    )
-  failed = total['failed'] + total['errors']
+    total.update(counts)
+    print(f'  {xml.parent.name:<16} {xml.stem:<16} {harness.describe(counts)}')
+  failed = total['failed'] + total['error']
   print(f'ci: {total["passed"]} passed, {failed} failed, {total["skipped"]} skipped')
   return 1 if failed or not xmls else 0
 

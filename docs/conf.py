@@ -61,7 +61,11 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 html_theme = 'alabaster'
 html_title = f'flax-tieext {release}'
 html_static_path = ['_static']
+html_css_files = ['custom.css']
+# Sized for a 1280 px window: the body column is what the sidebar leaves.
 html_theme_options = {
     'description': 'Tied variables and static_argnames for Flax',
     'fixed_sidebar': True,
+    'page_width': '1240px',
+    'sidebar_width': '240px',
 }

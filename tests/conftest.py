@@ -1,11 +1,71 @@
-"""Shared test configuration."""
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 
-import os
+"""Shared test configuration: ``--opted-out-too``.
 
-# The sharding tests run on an 8-device CPU mesh. XLA reads this flag when JAX
-# initializes its backend, so it must be set before the first computation.
-if '--xla_force_host_platform_device_count' not in os.environ.get(
-    'XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (
-      os.environ.get('XLA_FLAGS', '')
-      + ' --xla_force_host_platform_device_count=8').strip()
+``pytest --opted-out-too`` runs the suite twice in one process: every test as
+usual (patched at import), and every test not marked ``needs_patch`` once more
+with the patch uninstalled (test id suffix ``[opted-out]``), which is what a
+user with ``FLAX_TIEEXT_AUTOPATCH=0`` runs: ``uninstall()`` restores Flax's
+exact original objects (tests/test_patch.py). The version matrix uses it to
+cover both modes with one collection and one set of compiled programs.
+"""
+
+import pytest
+
+import flax_tieext
+
+OPTED_OUT = 'opted-out'
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      '--opted-out-too', action='store_true',
+      help='also run each test not marked needs_patch with the patch uninstalled',
+  )
+
+
+def pytest_generate_tests(metafunc):
+  if metafunc.config.getoption('opted_out_too'):
+    metafunc.fixturenames.append('patch_mode')
+    metafunc.parametrize('patch_mode', ['patched', OPTED_OUT], indirect=True)
+
+
+def pytest_collection_modifyitems(config, items):
+  if not config.getoption('opted_out_too'):
+    return
+  def opted_out_but_needs_patch(item):
+    callspec = getattr(item, 'callspec', None)
+    return (
+        callspec is not None
+        and callspec.params.get('patch_mode') == OPTED_OUT
+        and item.get_closest_marker('needs_patch') is not None
+    )
+
+  drop = [item for item in items if opted_out_but_needs_patch(item)]
+  if drop:
+    config.hook.pytest_deselected(items=drop)
+    items[:] = [item for item in items if not opted_out_but_needs_patch(item)]
+
+@pytest.fixture
+def patch_mode(request):
+  """Uninstalls the patch for the test's duration in the opted-out mode."""
+  if request.param != OPTED_OUT or not flax_tieext.is_installed():
+    yield request.param
+    return
+  flax_tieext.uninstall()
+  try:
+    yield request.param
+  finally:
+    flax_tieext.install()

@@ -704,8 +704,6 @@ def checkpoint(
     static_argnums: int | tuple[int, ...] = (),
     policy: Callable[..., bool] | None = None,
     static_argnames: str | Iterable[str] = (),
-    *,
-    _static_args: '_StaticArgs | None' = None,
 ) -> Callable[..., Any]:
   """Lifted version of ``jax.checkpoint``.
 
@@ -793,9 +791,32 @@ def checkpoint(
         policy=policy,
         static_argnames=static_argnames,
     )
-  # The Module transforms resolve static arguments against the method they
-  # wrap (the scope function they hand us only takes *args, **kwargs).
-  statics = _static_args or _StaticArgs(fn, static_argnums, static_argnames)
+  return _checkpoint(
+      fn,
+      _StaticArgs(fn, static_argnums, static_argnames),
+      variables=variables,
+      rngs=rngs,
+      concrete=concrete,
+      prevent_cse=prevent_cse,
+      policy=policy,
+  )
+
+
+def _checkpoint(
+    fn: Callable[..., Any],
+    statics: _StaticArgs,
+    variables: CollectionFilter = True,
+    rngs: PRNGSequenceFilter = True,
+    concrete: bool = False,
+    prevent_cse: bool = True,
+    policy: Callable[..., bool] | None = None,
+) -> Callable[..., Any]:
+  """``checkpoint`` with its static arguments already resolved.
+
+  The Module transforms call this directly: they resolve static arguments
+  against the method they wrap, since the scope function they lift only takes
+  ``*args, **kwargs``.
+  """
 
   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):
     # After JAX v0.3.16, concrete=False is a no-op and concrete=True raises

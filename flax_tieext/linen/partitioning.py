@@ -60,8 +60,6 @@ def core_remat_static(
     static_argnums=(),
     policy=None,
     static_argnames=(),
-    *,
-    _static_args=None,
 ):
   """Flax functional core remat version with static_argnums.
 
@@ -77,7 +75,6 @@ def core_remat_static(
       static_argnums=static_argnums,
       policy=policy,
       static_argnames=static_argnames,
-      _static_args=_static_args,
   )
 
 
@@ -161,7 +158,7 @@ def remat(
         static_argnames=static_argnames,
     )
   return nn.transforms._checkpoint_lift_transform(  # pylint: disable=protected-access
-      core_remat_static,
+      'core_remat_static',
       target,
       transform_name='nn.partitioning.remat',
       counts_self=False,

@@ -42,7 +42,7 @@ from flax_tieext.core import lift
 # ---------------------------------------------------------------------------
 
 def _checkpoint_lift_transform(
-    transform,
+    transform_id: str,
     target,
     *,
     transform_name: str,
@@ -52,19 +52,25 @@ def _checkpoint_lift_transform(
 ):
   """``lift_transform`` for a checkpoint, with static arguments per method.
 
-  The scope function ``lift_transform`` hands to ``transform`` takes
-  ``*args, **kwargs``; the signature that ``static_argnums`` and
-  ``static_argnames`` refer to is the wrapped method's. It is known here, at
-  wrap time, so errors in them are raised here, and the resolved
-  ``lift._StaticArgs`` reaches ``transform`` as ``_static_args``. Shared by
-  ``nn.checkpoint`` (which counts ``self`` as 0) and
-  ``nn.partitioning.remat`` (which does not count it).
+  The scope function ``lift_transform`` lifts takes ``*args, **kwargs``; the
+  signature that ``static_argnums`` and ``static_argnames`` refer to is the
+  wrapped method's. It is known here, at wrap time, so errors in them are
+  raised here, and the resolved ``lift._StaticArgs`` goes to
+  ``lift._checkpoint``. Shared by ``nn.checkpoint`` (which counts ``self`` as
+  0) and ``nn.partitioning.remat`` (which does not count it).
+  ``transform_id`` is the name ``lift_transform`` gives the transformed
+  Module class (``CheckpointMLP``), and with it auto-named submodules.
   """
   first_index = 1 if counts_self else 0
 
+  def transform(fn, *, statics, **kwargs):
+    return lift._checkpoint(fn, statics, **kwargs)  # pylint: disable=protected-access
+
+  transform.__name__ = transform_id
+
   def resolve(fn, kwargs, first_index, transform_name, strict=True):
     kwargs = dict(kwargs)
-    kwargs['_static_args'] = lift._StaticArgs(
+    kwargs['statics'] = lift._StaticArgs(
         fn,
         kwargs.pop('static_argnums', ()),
         kwargs.pop('static_argnames', ()),
@@ -89,7 +95,7 @@ def _checkpoint_lift_transform(
           for name in methods
       }
       lift._raise_if_unresolved_everywhere(
-          [kwargs['_static_args'] for kwargs in methods.values()]
+          [kwargs['statics'] for kwargs in methods.values()]
       )
     elif isinstance(methods, dict):
       # As upstream, a per-method dict holds the arguments of the core
@@ -251,7 +257,7 @@ def checkpoint(
         static_argnames=static_argnames,
     )
   return _checkpoint_lift_transform(
-      lift.checkpoint,
+      'checkpoint',
       target,
       transform_name='nn.checkpoint (nn.remat)',
       counts_self=True,

@@ -1,0 +1,121 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""What the test harness shares: Flax sdists and JUnit reports.
+
+Used by ``noxfile.py`` and ``.ci/summary.py``; a tool elsewhere imports it with
+``sys.path.insert(0, str(ROOT / '.ci')); import harness``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import pathlib
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SDISTS = ROOT / '.nox' / '_sdists'
+
+# The sha256 of each Flax sdist we use, as PyPI lists it
+# (https://pypi.org/simple/flax/). A downloaded sdist must match.
+FLAX_SDIST_SHA256 = {
+    '0.8.5': '4a9cb7950ece54b0addaa73d77eba24e46138dbe783d01987be79d20ccb2b09b',
+    '0.9.0': '8b7f361eed0f5324e81f9dc8d02ea53da5f993d7c2e37e7aa5b37d3f6331dd53',
+    '0.10.7': '2930d6671e23076f6db3b96afacf45c5060898f5c189ecab6dda7e05d26c2085',
+    '0.11.2': '55452529b70c704128075a17f7a54d94f1f90b0f2d9498bdc9578cae3646e460',
+    '0.12.0': 'cb3d4a2028666640c1a2e5b267dadfbd42ef14c6db41896fb4c765a7f05ebe74',
+    '0.12.8': '1bb438775b967a3f1f42b9c3d4ddf1d2883cd6406589f9cecdc244634036bdc4',
+    '0.12.12': '103cc503c94219513b73027aa0e93aac408adfd3fcdfb1df85e9d147219e4896',
+}
+
+
+class SdistError(RuntimeError):
+  """A Flax sdist is unknown here or does not match its sha256."""
+
+
+def flax_sdist(version: str) -> pathlib.Path:
+  """Flax ``version``'s sdist from PyPI (cached in ``.nox/_sdists``), sha256-checked.
+
+  Raises:
+    SdistError: for a version without a recorded sha256, or a file that does
+      not match it (it is deleted, so that the next call downloads it again).
+  """
+  if version not in FLAX_SDIST_SHA256:
+    raise SdistError(
+        f'no sha256 recorded for the flax {version} sdist: add it to'
+        ' FLAX_SDIST_SHA256 in .ci/harness.py (https://pypi.org/simple/flax/).'
+    )
+  tarball = SDISTS / f'flax-{version}.tar.gz'
+  if not tarball.exists():
+    subprocess.run(
+        [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps',
+         '--no-binary', ':all:', '--ignore-requires-python', '--dest',
+         str(SDISTS), f'flax=={version}'],
+        check=True,
+    )
+  digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+  if digest != FLAX_SDIST_SHA256[version]:
+    tarball.unlink()
+    raise SdistError(
+        f'{tarball} has sha256 {digest}, expected'
+        f' {FLAX_SDIST_SHA256[version]} (PyPI); deleted it.'
+    )
+  return tarball
+
+
+def extract(tarball: pathlib.Path, dest: pathlib.Path, keep=lambda rel: True):
+  """Extracts the files of an sdist whose path (without the top directory) ``keep`` accepts."""
+  with tarfile.open(tarball) as tar:
+    members = []
+    for member in tar.getmembers():
+      _, _, rel = member.name.partition('/')
+      if rel and keep(rel):
+        member.name = rel
+        members.append(member)
+    tar.extractall(dest, members=members, filter='data')
+  return dest
+
+
+# -- JUnit reports ---------------------------------------------------------------
+
+
+def outcomes(xml: pathlib.Path) -> dict[str, str]:
+  """``{test id: 'passed' | 'failed' | 'error' | 'skipped'}`` of a JUnit report."""
+  found = {}
+  for case in ET.parse(xml).getroot().iter('testcase'):
+    tags = {child.tag for child in case}
+    outcome = next(
+        (o for tag, o in (('error', 'error'), ('failure', 'failed'),
+                          ('skipped', 'skipped')) if tag in tags),
+        'passed',
+    )
+    found[f"{case.get('classname')}::{case.get('name')}"] = outcome
+  return found
+
+
+def counts(found: dict[str, str]) -> collections.Counter:
+  return collections.Counter(
+      {'passed': 0, 'failed': 0, 'skipped': 0, 'error': 0, **collections.Counter(found.values())}
+  )
+
+
+def describe(c: collections.Counter) -> str:
+  return (
+      f"{c['passed']:>5} passed, {c['failed']:>4} failed, {c['skipped']:>3} skipped,"
+      f" {c['error']:>3} errors"
+  )
