@@ -33,16 +33,22 @@ import dataclasses
 import functools
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from flax import serialization
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
 import flax_tieext
+from flax_tieext.examples import launch
 from flax_tieext.examples import measure
 from flax_tieext.examples import t5
 from flax_tieext.examples import task
@@ -52,6 +58,9 @@ BATCH_SIZE = 8
 LEARNING_RATE = 3e-3
 TIMING_ROUNDS = 30
 PLOT_DEPTHS = (1, 2, 4, 8, 12, 16, 24)
+MAX_PROCESSES = 4
+# Seconds each --processes worker has to start and compile, plus 1 per step.
+WORKER_TIMEOUT_S = 300
 
 
 # ---------------------------------------------------------------------------
@@ -70,6 +79,14 @@ def _positive_int(text: str) -> int:
   return value
 
 
+def _process_count(text: str) -> int:
+  value = _positive_int(text)
+  if value > MAX_PROCESSES:
+    raise argparse.ArgumentTypeError(
+        f'at most {MAX_PROCESSES} processes on this machine, got {value}')
+  return value
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The demo's command-line parser."""
   parser = argparse.ArgumentParser(
@@ -85,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help='optax training steps (default: %(default)s)')
   parser.add_argument('--no-remat', action='store_true',
                       help='train the encoder without nn.checkpoint')
+  parser.add_argument('--processes', type=_process_count, default=1,
+                      metavar='N',
+                      help='train across N local jax.distributed processes'
+                      f' (1 to {MAX_PROCESSES}), one CPU device each, each'
+                      f' with its own batch of {BATCH_SIZE} (default:'
+                      ' %(default)s)')
+  # Set by the launcher of --processes in the processes it starts.
+  for flag, kind in (('--coordinator', str), ('--num-processes', int),
+                     ('--process-id', int), ('--worker-output', str)):
+    parser.add_argument(flag, type=kind, help=argparse.SUPPRESS)
   parser.add_argument('--plot', metavar='FILE.png',
                       help='also plot compiled memory against depth for no'
                       ' remat / remat / remat+tie (needs matplotlib: pip'
@@ -211,7 +238,28 @@ def _tied_and_untied_variables(config: t5.T5Config, tokens):
   return dict(tied), untied
 
 
-def _train(variant: Variant, config: t5.T5Config, steps: int):
+def _batch_fn(config: t5.T5Config, mesh: Mesh | None = None):
+  """``batch(step) -> (tokens, targets, dropout_key)``, jitted.
+
+  On a ``mesh`` (one device per process) the batch is global, ``BATCH_SIZE``
+  rows per device, split over ``'data'``.
+  """
+  size = BATCH_SIZE * (1 if mesh is None else mesh.size)
+
+  def batch(step):
+    key = jax.random.fold_in(jax.random.key(1), step)
+    data_key, dropout_key = jax.random.split(key)
+    return (*task.synthetic_batch(data_key, size, config.length,
+                                 config.vocab_size), dropout_key)
+
+  if mesh is None:
+    return jax.jit(batch)
+  rows, same = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+  return jax.jit(batch, out_shardings=(rows, rows, same))
+
+
+def _train(variant: Variant, config: t5.T5Config, steps: int,
+           mesh: Mesh | None = None, on_step=None):
   """Trains ``variant``'s parameters; returns them, the losses, step times."""
   tx = optax.adamw(LEARNING_RATE)
   params = variant.variables['params']
@@ -222,14 +270,8 @@ def _train(variant: Variant, config: t5.T5Config, steps: int):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  @jax.jit
-  def batch(step):
-    key = jax.random.fold_in(jax.random.key(1), step)
-    data_key, dropout_key = jax.random.split(key)
-    return (*task.synthetic_batch(data_key, BATCH_SIZE, config.length,
-                                 config.vocab_size), dropout_key)
-
-  bar = ProgressBar(steps)
+  batch = _batch_fn(config, mesh)
+  on_step = on_step or ProgressBar(steps).update
   losses, times = [], []
   for step in range(steps):
     t0 = time.perf_counter()
@@ -238,8 +280,75 @@ def _train(variant: Variant, config: t5.T5Config, steps: int):
     params, opt_state = update(grads, opt_state, params)
     losses.append(float(loss))  # waits for the step
     times.append(time.perf_counter() - t0)
-    bar.update(step + 1, losses[-1])
+    on_step(step + 1, losses[-1])
   return params, losses, times
+
+
+# ---------------------------------------------------------------------------
+# --processes N: the same training as a jax.distributed job
+# ---------------------------------------------------------------------------
+
+
+def _worker(args: argparse.Namespace) -> int:
+  """One process of ``--processes N``: data-parallel training on a mesh.
+
+  Every process holds the whole (replicated) tied encoder and trains on its
+  own rows of the global batch; gloo all-reduces the gradients. Process 0
+  prints ``step i/n loss x`` for the launcher's progress bar and writes the
+  trained parameters, losses and step times to ``--worker-output``.
+  """
+  launch.initialize(args.coordinator, args.num_processes, args.process_id)
+  mesh = Mesh(np.array(jax.devices()), ('data',))
+  config = t5.T5Config(num_layers=args.layers)
+  probe = _batch_fn(config)(0)[:2]
+  tied_vars, _ = _tied_and_untied_variables(config, probe[0])
+  variables = jax.jit(lambda v: v, out_shardings=NamedSharding(mesh, P()))(
+      tied_vars)
+  training = _compile_variant(config, variables, tied=True,
+                              remat=not args.no_remat, dropout=True,
+                              batch=_batch_fn(config, mesh)(0)[:2])
+
+  def on_step(step, loss):
+    if jax.process_index() == 0:
+      print(f'step {step}/{args.steps} loss {loss:.6f}', flush=True)
+
+  params, losses, times = _train(training, config, args.steps, mesh, on_step)
+  if jax.process_index() == 0:
+    local = jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)),
+                                   params)
+    with open(args.worker_output, 'wb') as f:
+      f.write(serialization.msgpack_serialize(
+          {'params': local, 'losses': np.asarray(losses),
+           'times': np.asarray(times)}))
+  return 0
+
+
+def _train_across_processes(args: argparse.Namespace):
+  """Runs ``--processes N`` workers; returns what process 0 trained."""
+  bars = []  # drawn from the first step on, as in one process
+
+  def on_line(process_id, line, _):
+    if process_id == 0 and line.startswith('step '):
+      done, _, loss = line.split()[1:4]
+      if not bars:
+        bars.append(ProgressBar(args.steps))
+      bars[0].update(int(done.split('/')[0]), float(loss))
+
+  flags = [flag for flag in os.environ.get('XLA_FLAGS', '').split()
+           if not flag.startswith('--xla_force_host_platform_device_count')]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=' '.join(
+      [*flags, '--xla_force_host_platform_device_count=1']))
+  with tempfile.TemporaryDirectory() as tmp:
+    output = os.path.join(tmp, 'trained.msgpack')
+    launch.launch(
+        ['-m', 'flax_tieext.demo', '--layers', str(args.layers), '--steps',
+         str(args.steps), *(['--no-remat'] if args.no_remat else []),
+         '--worker-output', output],
+        args.processes, timeout=WORKER_TIMEOUT_S + args.steps, env=env,
+        on_line=on_line)
+    with open(output, 'rb') as f:
+      trained = serialization.msgpack_restore(f.read())
+  return trained['params'], list(trained['losses']), list(trained['times'])
 
 
 def _max_abs_difference(a, b) -> float:
@@ -472,9 +581,15 @@ def run(args: argparse.Namespace) -> Results:
   tied_vars, untied_vars = _tied_and_untied_variables(config, probe[0])
   remat = not args.no_remat
   trained = 'tied, ' + ('remat' if remat else 'no remat')
-  training = _compile_variant(config, tied_vars, tied=True, remat=remat,
-                              dropout=True, batch=probe)
-  params, losses, step_times = _train(training, config, args.steps)
+  if args.processes > 1:
+    _status(f'training across {args.processes} jax.distributed processes,'
+            f' {BATCH_SIZE} rows each')
+    params, losses, step_times = _train_across_processes(args)
+    trained += f', {args.processes} processes x batch {BATCH_SIZE}'
+  else:
+    training = _compile_variant(config, tied_vars, tied=True, remat=remat,
+                                dropout=True, batch=probe)
+    params, losses, step_times = _train(training, config, args.steps)
 
   # The comparison: loss and gradient with dropout off (cheaper to compile).
   variants = {
@@ -505,18 +620,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv: the command-line arguments (default: ``sys.argv[1:]``).
 
   Returns:
-    0 on success, 1 if the plot could not be written. Bad flags exit with
-    argparse's usage error (code 2).
+    0 on success, 1 if the plot could not be written or a ``--processes``
+    worker failed. Bad flags exit with argparse's usage error (code 2).
   """
   parser = build_parser()
   args = parser.parse_args(argv)
+  if args.coordinator is not None:
+    with _patch_installed():
+      return _worker(args)
   if args.plot is not None:
     problem = _plot_path_problem(args.plot)
     if problem:
       parser.error(problem)
   start = time.perf_counter()
   with _patch_installed():
-    print(report(run(args)), flush=True)
+    try:
+      results = run(args)
+    except launch.ProcessFailed as e:
+      print(f'{PROG}: error: training across {args.processes} processes'
+            f' failed: {e}', file=sys.stderr)
+      return 1
+    print(report(results), flush=True)
     if args.plot is not None and not write_plot(args.plot, args.layers):
       return 1
   print(f'wall time: {time.perf_counter() - start:.1f} s')

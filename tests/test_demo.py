@@ -56,6 +56,8 @@ def test_progress_bar_reaches_the_last_step(small_run):
     ['--layers', '0'],
     ['--layers', 'twelve'],
     ['--steps', '-3'],
+    ['--processes', '0'],
+    ['--processes', '5'],
     ['--bogus'],
 ])
 def test_bad_flags_are_argparse_errors(flags, capsys):

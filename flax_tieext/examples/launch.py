@@ -23,7 +23,8 @@ a deadline, and when one fails kill the others and say which failed and why::
                    num_processes=2, timeout=120)
 
 Each process's stdout and stderr go to one log; ``on_line`` sees its lines as
-they come (the demo draws its progress bar from process 0's).
+they come (the demo draws its progress bar from process 0's). In each process,
+:func:`initialize` joins the job with those flags.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+
+import jax
 
 # How much of a failed process's log an error shows.
 _TAIL_LINES = 25
@@ -85,6 +88,22 @@ class ProcessFailed(RuntimeError):
     super().__init__(message)
     self.failed = failed
     self.results = list(results)
+
+
+def initialize(coordinator: str, num_processes: int, process_id: int, *,
+               heartbeat_timeout: int = 10, shutdown_timeout: int = 10):
+  """Joins the ``jax.distributed`` job, with gloo collectives on CPU.
+
+  A peer that stops sending heartbeats for ``heartbeat_timeout`` seconds is
+  declared dead, and the coordination service stops the job; the survivors
+  then fail instead of waiting forever in a collective.
+  """
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(
+      coordinator_address=coordinator, num_processes=num_processes,
+      process_id=process_id, initialization_timeout=60,
+      heartbeat_timeout_seconds=heartbeat_timeout,
+      shutdown_timeout_seconds=shutdown_timeout)
 
 
 def free_port() -> int:

@@ -79,22 +79,6 @@ State = dict[str, Any]  # {'step': int32[], 'params': ..., 'opt_state': ...}
 # ---------------------------------------------------------------------------
 
 
-def initialize(coordinator: str, num_processes: int, process_id: int, *,
-               heartbeat_timeout: int = 10, shutdown_timeout: int = 10):
-  """Joins the ``jax.distributed`` job, with gloo collectives on CPU.
-
-  A peer that stops sending heartbeats for ``heartbeat_timeout`` seconds is
-  declared dead, and the coordination service stops the job; the survivors
-  then fail instead of waiting forever in a collective.
-  """
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(
-      coordinator_address=coordinator, num_processes=num_processes,
-      process_id=process_id, initialization_timeout=60,
-      heartbeat_timeout_seconds=heartbeat_timeout,
-      shutdown_timeout_seconds=shutdown_timeout)
-
-
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A ``('data', 'model')`` mesh, ``'model'`` spanning the processes.
 
@@ -355,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   if args.coordinator:
-    initialize(args.coordinator, args.num_processes, args.process_id,
-               heartbeat_timeout=args.heartbeat_timeout)
+    launch.initialize(args.coordinator, args.num_processes, args.process_id,
+                      heartbeat_timeout=args.heartbeat_timeout)
   me = f'process {jax.process_index()}/{jax.process_count()}'
   mesh = make_mesh()
   print(f'{me}: mesh {dict(mesh.shape)} over {jax.device_count()} devices,'
