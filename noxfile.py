@@ -65,7 +65,8 @@ CLIENT_REQUIREMENTS = ('transformers==4.57.6', 'einops', 'jaxtyping', 'typeguard
 CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
-CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'upstream', 'docs', 'screenshots']
+CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'upstream', 'docs',
+               'screenshots']
 
 nox.options.sessions = ['tests']
 
@@ -154,6 +155,17 @@ def clients(session):
                   env={'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'})
   if 'passed' not in found.values():
     session.error('clients: no test passed')
+
+
+@nox.session
+def distributed(session):
+  """A tied model over 2 jax.distributed processes: sharding, Orbax restores, faults, demo."""
+  _fresh_reports(session)
+  _install(session, NEWEST, *_extra('test'))
+  # tests/distributed/long is left out of the default run (setup.cfg); naming
+  # it beside tests/distributed would collect it once, ignored.
+  default_run = sorted(str(p) for p in (ROOT / 'tests' / 'distributed').glob('test_*.py'))
+  _pytest(session, 'distributed', 'tests/distributed/long', *default_run, *session.posargs)
 
 
 # -- patches/main: the upstream PR series (tools/upstream.py) -------------------
