@@ -15,8 +15,8 @@
 """Every difference between supported Flax / JAX releases, in one place.
 
 The rest of the package asks this module *what the installed Flax offers*
-instead of comparing version strings. ``missing_features()`` is the single
-check the monkeypatch runs before it touches anything.
+instead of comparing version strings. What the monkeypatch needs from Flax is
+derived from its bindings (``_patch.missing_features()``).
 """
 
 from __future__ import annotations
@@ -33,62 +33,12 @@ import warnings
 
 import flax
 import flax.core.lift as _core_lift
-import flax.core.scope as _core_scope
 import flax.linen.partitioning as _partitioning
 import flax.linen.transforms as _linen_transforms
 import jax
 
 FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.version('flax')
 JAX_VERSION: str = jax.__version__
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-  out = []
-  for part in v.split('.')[:3]:
-    digits = ''.join(ch for ch in part if ch.isdigit())
-    out.append(int(digits) if digits else 0)
-  return tuple(out)
-
-
-FLAX_VERSION_INFO = _version_tuple(FLAX_VERSION)
-JAX_VERSION_INFO = _version_tuple(JAX_VERSION)
-
-# What the patch needs from Flax, as (owner, attribute, why). Checked by
-# presence, not by version number, so that an unknown release is judged on
-# what it actually offers.
-REQUIRED_ATTRIBUTES = (
-    (_core_lift, 'pack', 'the primitive every lifted transform builds on'),
-    (_core_lift, '_partial_pack', 'the scope rewriting shared by all lifted transforms'),
-    (_core_lift, '_dedup_scopes', 'scope de-duplication inside pack'),
-    (_core_lift, 'checkpoint', 'lifted jax.checkpoint'),
-    (_core_lift, 'remat', 'alias of lift.checkpoint'),
-    (_linen_transforms, 'lift_transform', 'Module-level lifting of core transforms'),
-    (_linen_transforms, 'checkpoint', 'nn.checkpoint'),
-    (_linen_transforms, 'remat', 'nn.remat'),
-    (_partitioning, 'remat', 'nn.partitioning.remat'),
-    (_core_scope.Scope, 'push', 'child scope creation'),
-    (_core_scope.Scope, '_collection', 'read access to a collection'),
-    (_core_scope.Scope, '_mutable_collection', 'write access to a collection'),
-    (_core_scope.Scope, 'get_variable', 'variable reads'),
-    (_core_scope.Scope, 'has_variable', 'variable lookup'),
-    (_core_scope.Scope, 'put_variable', 'variable writes'),
-)
-
-
-def missing_features() -> list[str]:
-  """Returns a description of everything the installed Flax lacks."""
-  missing = []
-  for owner, attr, why in REQUIRED_ATTRIBUTES:
-    if not hasattr(owner, attr):
-      name = getattr(owner, '__name__', repr(owner))
-      missing.append(f'{name}.{attr} ({why})')
-  if 'tie' in NATIVE_FEATURES and not is_native():
-    missing.append(
-        'nothing to patch tie into: Flax has tie natively (flax.core.ties),'
-        ' but not static_argnames, and the two tie implementations cannot be'
-        ' combined'
-    )
-  return missing
 
 
 # -- Native mode ---------------------------------------------------------------

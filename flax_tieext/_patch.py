@@ -53,6 +53,17 @@ class _Binding:
   make: Callable[[Any], Any]
 
 
+class _Use:
+  """A replacement that does not need Flax's original: ``obj`` itself."""
+
+  def __init__(self, obj):
+    self.obj = obj
+
+  def __call__(self, original):
+    del original
+    return self.obj
+
+
 def _bindings() -> list[_Binding]:
   """Every attribute the patch replaces, and how to build its replacement."""
   import flax.core as flax_core  # pylint: disable=g-import-not-at-top
@@ -67,7 +78,7 @@ def _bindings() -> list[_Binding]:
   from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
   from flax_tieext.nnx import remat as nnx_remat  # pylint: disable=g-import-not-at-top
 
-  use = lambda obj: (lambda original: obj)
+  use = _Use
   Scope = core_scope.Scope  # pylint: disable=invalid-name
   return [
       # static_argnames: the transforms themselves.
@@ -95,6 +106,21 @@ def _bindings() -> list[_Binding]:
       _Binding(Scope, 'get_variable', ties.tie_aware_get_variable),
       _Binding(Scope, 'has_variable', ties.tie_aware_has_variable),
       _Binding(Scope, 'put_variable', ties.tie_aware_put_variable),
+  ]
+
+
+def missing_features() -> list[str]:
+  """What the installed Flax lacks that the patch builds on.
+
+  Checked by presence, not version: every original a binding wraps (the Scope
+  hooks, ``_partial_pack``). A binding that puts its own object in place
+  (``nn.remat``, ``nn.tie``, ...) needs nothing from Flax.
+  """
+  return [
+      f'{getattr(b.owner, "__name__", b.owner)}.{b.attr}'
+      for b in _bindings()
+      if not isinstance(b.make, _Use)
+      and _owner_dict_get(b.owner, b.attr) is _MISSING
   ]
 
 
@@ -129,7 +155,7 @@ def install() -> None:
   with _lock:
     if is_installed() or _compat.is_native():
       return
-    missing = _compat.missing_features()
+    missing = missing_features()
     if missing:
       raise PatchError(
           f'flax_tieext cannot patch Flax {_compat.FLAX_VERSION} (jax'

@@ -16,8 +16,12 @@
 
 Each test builds its reference the way a user would without rematerialization
 (the plain Module or scope function, called the same way) and compares.
-Entry points reached through Flax's own names need the patch installed and are
-marked ``needs_patch``; the ``flax_tieext`` twins work either way.
+
+There are three distinct functions: ``nn.checkpoint`` (``nn.remat`` is the same
+object), ``nn.partitioning.remat`` and ``lift.checkpoint`` (``lift.remat``,
+``flax.core.remat``). With the patch installed, Flax's names *are* the
+``flax_tieext`` objects used here (tests/test_patch.py checks that), so the
+tests call those, which also work with the patch opted out.
 """
 
 import functools
@@ -30,35 +34,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import flax_tieext
 from flax_tieext import lift as ext_lift
 from flax_tieext import linen as ext_nn
 
-needs_patch = pytest.mark.needs_patch
-
-# (id, getter, index of the first argument after self in static_argnums)
+# (entry point, index of the first argument after self in static_argnums)
 LINEN_ENTRY_POINTS = [
-    pytest.param(lambda: nn.checkpoint, 1, id='nn.checkpoint', marks=needs_patch),
-    pytest.param(lambda: nn.remat, 1, id='nn.remat', marks=needs_patch),
-    pytest.param(
-        lambda: nn.partitioning.remat, 0, id='nn.partitioning.remat',
-        marks=needs_patch,
-    ),
-    pytest.param(lambda: ext_nn.checkpoint, 1, id='flax_tieext.linen.checkpoint'),
-    pytest.param(lambda: ext_nn.remat, 1, id='flax_tieext.linen.remat'),
-    pytest.param(
-        lambda: ext_nn.partitioning.remat, 0,
-        id='flax_tieext.linen.partitioning.remat',
-    ),
+    pytest.param(lambda: ext_nn.checkpoint, 1, id='nn.checkpoint'),
+    pytest.param(lambda: ext_nn.partitioning.remat, 0, id='nn.partitioning.remat'),
 ]
-
-LIFT_ENTRY_POINTS = [
-    pytest.param(lambda: flax.core.lift.checkpoint, id='flax.core.lift.checkpoint', marks=needs_patch),
-    pytest.param(lambda: flax.core.lift.remat, id='flax.core.lift.remat', marks=needs_patch),
-    pytest.param(lambda: flax.core.remat, id='flax.core.remat', marks=needs_patch),
-    pytest.param(lambda: ext_lift.checkpoint, id='flax_tieext.lift.checkpoint'),
-    pytest.param(lambda: ext_lift.remat, id='flax_tieext.lift.remat'),
-]
+LIFT_ENTRY_POINTS = [pytest.param(lambda: ext_lift.checkpoint, id='lift.checkpoint')]
 
 REMAT_PRIMITIVES = {'checkpoint', 'remat', 'remat2'}
 
@@ -87,38 +71,23 @@ def _assert_close(a, b):
   )
 
 
+def _eqns(jaxpr):
+  """Every equation of a (closed) jaxpr, those of its sub-jaxprs included."""
+  jaxpr = getattr(jaxpr, 'jaxpr', jaxpr)
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if hasattr(sub, 'eqns') or hasattr(getattr(sub, 'jaxpr', None), 'eqns'):
+          yield from _eqns(sub)
+
+
 def _primitives(jaxpr):
-  """Names of all primitives in a (closed) jaxpr, sub-jaxprs included."""
-  names = set()
-
-  def visit(j):
-    j = getattr(j, 'jaxpr', j)
-    for eqn in j.eqns:
-      names.add(eqn.primitive.name)
-      for param in eqn.params.values():
-        for sub in param if isinstance(param, (tuple, list)) else (param,):
-          if hasattr(sub, 'eqns') or hasattr(getattr(sub, 'jaxpr', None), 'eqns'):
-            visit(sub)
-
-  visit(jaxpr)
-  return names
+  return {eqn.primitive.name for eqn in _eqns(jaxpr)}
 
 
 def _remat_eqns(jaxpr):
-  found = []
-
-  def visit(j):
-    j = getattr(j, 'jaxpr', j)
-    for eqn in j.eqns:
-      if eqn.primitive.name in REMAT_PRIMITIVES:
-        found.append(eqn)
-      for param in eqn.params.values():
-        for sub in param if isinstance(param, (tuple, list)) else (param,):
-          if hasattr(sub, 'eqns') or hasattr(getattr(sub, 'jaxpr', None), 'eqns'):
-            visit(sub)
-
-  visit(jaxpr)
-  return found
+  return [eqn for eqn in _eqns(jaxpr) if eqn.primitive.name in REMAT_PRIMITIVES]
 
 
 def _call(module, variables, style):
@@ -454,12 +423,3 @@ def test_lift_checkpoint_through_star_args(static, args, kwargs):
   y_ref, _ = flax.core.init(dense)(jax.random.key(0), *args, **kwargs)
   np.testing.assert_array_equal(y, y_ref)
 
-
-@needs_patch
-def test_twins_are_the_installed_objects():
-  assert nn.checkpoint is ext_nn.checkpoint
-  assert nn.remat is ext_nn.remat
-  assert nn.partitioning.remat is ext_nn.partitioning.remat
-  assert flax.core.lift.checkpoint is ext_lift.checkpoint
-  assert flax.core.lift.remat is ext_lift.remat
-  assert flax_tieext.lift is ext_lift

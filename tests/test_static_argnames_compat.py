@@ -42,8 +42,6 @@ RNGS = {'dropout': jax.random.key(3)}
 
 def _with_upstream_flax(fn):
   """Runs ``fn`` with Flax's own transforms (the patch uninstalled)."""
-  if flax_tieext.is_native():
-    pytest.skip('native Flax: there is no unpatched Flax to compare with')
   assert flax_tieext.is_installed()
   flax_tieext.uninstall()
   try:
@@ -311,14 +309,12 @@ class Stack(nn.Module):
 @pytest.mark.parametrize(
     'block',
     [
-        pytest.param(lambda: nn.remat(Block, static_argnums=(6,), prevent_cse=False),
-                     id='nn.remat-(6,)', marks=needs_patch),
         pytest.param(lambda: ext_nn.remat(Block, static_argnums=(6,), prevent_cse=False),
-                     id='flax_tieext.linen.remat-(6,)'),
+                     id='nn.remat-(6,)'),
         pytest.param(lambda: ext_nn.remat(Block, static_argnames='deterministic'),
-                     id='flax_tieext.linen.remat-name'),
+                     id='nn.remat-name'),
         pytest.param(lambda: ext_nn.partitioning.remat(Block, static_argnums=5),
-                     id='flax_tieext.linen.partitioning.remat-5'),
+                     id='nn.partitioning.remat-5'),
     ],
 )
 @pytest.mark.parametrize('deterministic', [True, False])

@@ -21,13 +21,7 @@ import subprocess
 import sys
 import textwrap
 
-import flax_tieext
 import pytest
-
-# On a Flax with the features built in there is nothing to patch.
-patching = pytest.mark.skipif(
-    flax_tieext.is_native(), reason='native Flax: the plugin patches nothing')
-
 
 def _pytest(tmp_path, *args):
   env = dict(os.environ, FLAX_TIEEXT_AUTOPATCH='0', PYTHONPATH=str(tmp_path))
@@ -37,7 +31,6 @@ def _pytest(tmp_path, *args):
   )
 
 
-@patching
 def test_plugin_installs_the_patch_before_collection_even_when_opted_out(tmp_path):
   (tmp_path / 'test_probe.py').write_text(textwrap.dedent("""\
       import flax_tieext
@@ -54,7 +47,6 @@ def test_plugin_installs_the_patch_before_collection_even_when_opted_out(tmp_pat
   assert 'flax_tieext' in result.stdout and 'patch installed into flax' in result.stdout
 
 
-@patching
 def test_plugin_fails_the_run_when_flax_cannot_be_patched(tmp_path):
   # An earlier plugin removes something the patch needs from Flax.
   (tmp_path / 'break_flax.py').write_text(
