@@ -227,7 +227,8 @@ MISSING_COLLECTIONS = {
     'typo': ('grpah', Masked, None, "'graph'"),
     # No module of the model has the collection.
     'absent': ('batch_stats', Plain, None, None),
-    # The model has 'graph', but neither tied module holds any.
+    # The model has 'graph' elsewhere, but neither tied module holds any: the
+    # tie ties nothing at all, which is as silent a mistake as a typo.
     'not_in_tied_modules': ('graph', Plain, Masked, None),
 }
 
@@ -278,8 +279,10 @@ def test_shape_mismatch_is_a_tie_error_under_every_transform_and_order(
   with pytest.raises(TieError, match='shape') as info:
     model.init(jax.random.key(0), X)
   message = str(info.value)
-  assert_message_names(message, '/wider', '/wide', "'params'",
-                       f'({D}, 4)', f'({D}, 5)')
+  assert_message_names(message, '/wider', '/wide', "'params'")
+  # The two shapes of one tied variable: the kernels or the biases.
+  assert (f'({D}, 4)' in message and f'({D}, 5)' in message
+          or '(4,)' in message and '(5,)' in message), message
 
 
 class OwnParamChild(nn.Module):
@@ -472,14 +475,15 @@ def test_params_tie_into_stack_draws_dropout_per_iteration_like_shared_module(
   assert set(variables['params']) == {'src'}
   assert_trees_equal(variables, ref_variables)
 
+  # Outputs show the masks. (Gradients through a stack into a source outside
+  # it: tests/test_tie_transforms.py::test_source_outside_stack_is_broadcast_*.)
   drop_rngs = {'dropout': jax.random.key(2)}
-  ys, g = outputs_and_grads(tied, variables, xs, rngs=drop_rngs)
-  ref_ys, rg = outputs_and_grads(ref, variables, xs, rngs=drop_rngs)
+  ys = tied.apply(variables, xs, rngs=drop_rngs)
+  ref_ys = ref.apply(variables, xs, rngs=drop_rngs)
   # The reference draws a mask per iteration (not one for all) ...
   assert not all(np.array_equal(ref_ys[0], y) for y in ref_ys[1:])
   # ... and the tie draws the same ones.
   assert_close(ys, ref_ys)
-  assert_trees_close(g, rg)
 
 
 # ---------------------------------------------------------------------------
@@ -580,13 +584,14 @@ def test_scanned_stack_tied_to_another_equals_one_stack_called_twice(wrap):
   """It failed in init with a bare ScopeParamShapeError."""
   tied = tie(TwoStacks, {'B': 'A'})(wrap)
   ref = TwoStacks(wrap, shared=True)
-  variables = tied.init(jax.random.key(0), X)
-  ref_variables = ref.init(jax.random.key(0), X)
+  # Under jax.jit, as a training script runs them (and faster to compile).
+  variables = jax.jit(tied.init)(jax.random.key(0), X)
+  ref_variables = jax.jit(ref.init)(jax.random.key(0), X)
   assert set(variables['params']) == {'A'}
   assert variables['params']['A']['d']['kernel'].shape == (N, D, D)
   assert_trees_equal(variables, ref_variables)
-  y, g = outputs_and_grads(tied, variables, X)
-  ry, rg = outputs_and_grads(ref, variables, X)
+  y, g = jax.jit(functools.partial(outputs_and_grads, tied))(variables, X)
+  ry, rg = jax.jit(functools.partial(outputs_and_grads, ref))(variables, X)
   assert_close(y, ry)
   assert_trees_close(g, rg)
 
