@@ -15,7 +15,6 @@
 
 """``pytest -p flax_tieext.testing.autopatch`` runs a suite on patched Flax."""
 
-import importlib.metadata
 import os
 import subprocess
 import sys
@@ -61,6 +60,13 @@ def test_plugin_fails_the_run_when_flax_cannot_be_patched(tmp_path):
   assert 'PatchError' in output and '_partial_pack' in output, output
 
 
-def test_plugin_is_not_loaded_unless_asked_for():
-  plugins = importlib.metadata.entry_points(group='pytest11')
-  assert not [ep for ep in plugins if ep.value.startswith('flax_tieext')]
+def test_plugin_is_not_loaded_unless_asked_for(tmp_path):
+  # Installing flax_tieext must not change other projects' test runs.
+  (tmp_path / 'test_probe.py').write_text(textwrap.dedent("""\
+      import flax_tieext
+
+      def test_probe():
+        assert not flax_tieext.is_installed()
+      """))
+  result = _pytest(tmp_path, 'test_probe.py')
+  assert result.returncode == 0, result.stdout + result.stderr
