@@ -103,9 +103,9 @@ def _bindings() -> list[_Binding]:
       _Binding(Scope, 'push', ties.tie_aware_push),
       _Binding(Scope, '_collection', ties.tie_aware_collection),
       _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
-      _Binding(Scope, 'get_variable', ties.tie_aware_get_variable),
-      _Binding(Scope, 'has_variable', ties.tie_aware_has_variable),
-      _Binding(Scope, 'put_variable', ties.tie_aware_put_variable),
+      # ... and the state those hooks keep on a Scope, declared once.
+      _Binding(Scope, '_tie_lift', use(None)),
+      _Binding(Scope, '_tie_borrowed', use(None)),
   ]
 
 

@@ -878,11 +878,12 @@ def _partial_pack(
 
   Tied variables (see :func:`tie`) take part in the packing: when a lifted
   scope contains a tied target whose source lies outside every lifted scope,
-  the source's scope is lifted as well (like a Module passed in as an
-  attribute), for the transforms in ``ties_lib.LIFTS_TIE_SOURCES``. Inside, the
-  target resolves to the inner source, so reads, writes and gradients reach the
-  one stored variable. The extra scopes are not visible to ``fn``: ``scope_fn``
-  returns, and ``repack_fn`` takes, the scope tree of ``scope_tree``'s shape.
+  the source's scope is lifted as well, like a Module passed in as an
+  attribute (a transform that maps over an axis lifts only its rngs; see
+  ``ties.lifted_sources``). Inside, the target resolves to the inner source, so
+  reads, writes and gradients reach the one stored variable. The extra scopes
+  are not visible to ``fn``: ``scope_fn`` returns, and ``repack_fn`` takes, the
+  scope tree of ``scope_tree``'s shape.
 
   Args:
     scope_tree: The scope(s) to pack.
@@ -896,16 +897,18 @@ def _partial_pack(
   # pylint: disable=protected-access
   user_scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
   tie_sources = ties_lib.lifted_sources(user_scopes, name)
-  scopes, paths = _dedup_scopes(list(user_scopes) + tie_sources)
+  scopes, paths = _dedup_scopes(
+      list(user_scopes) + [scope for scope, _ in tie_sources])
+  rngs_only = [any(s is scope and only for s, only in tie_sources)
+               for scope in scopes]
 
   variable_groups_xs = []
 
-  for scope in scopes:
+  for scope, only in zip(scopes, rngs_only):
     scope._validate_trace_level()
     scope._populate_collections()
-    variable_groups_xs.append(
-        group_collections(ties_lib.own_variables(scope), in_variable_filters)
-    )
+    variable_groups_xs.append(group_collections(
+        ties_lib.lifted_variables(scope, scopes, only), in_variable_filters))
   variable_groups_xs_t = _transpose(variable_groups_xs)
 
   # Make sure that in-only variable collections are frozen
@@ -980,7 +983,7 @@ def _partial_pack(
       )
       inner_scope.rng_counters = rng_counters
       inner_scopes.append(inner_scope)
-    ties_lib.link_inner_scopes(scopes, inner_scopes, name)
+    ties_lib.link_inner_scopes(scopes, inner_scopes, name, rngs_only)
     inner_scopes = _dup_scopes(scopes, inner_scopes, paths)
     return treedef.unflatten(inner_scopes[: len(user_scopes)])
 
@@ -999,7 +1002,7 @@ def _partial_pack(
       inner_scope._validate_trace_level()
       mutable_variables = {
           key: val
-          for key, val in ties_lib.own_variables(inner_scope).items()
+          for key, val in inner_scope._variables.items()
           if in_filter(inner_scope.mutable, key)
       }
       out_variable_groups = group_collections(
@@ -1099,21 +1102,13 @@ def tie(
   """
 
   def wrapper(scope_tree, *args, **kwargs):
-    # plugin-only: begin
-    if not ties_lib.machinery_installed():
-      raise ties_lib.TieError(
-          'tie needs the flax_tieext scope machinery, which is not installed'
-          ' in Flax (FLAX_TIEEXT_AUTOPATCH=0 was set, or'
-          ' flax_tieext.uninstall() was called). Call flax_tieext.install()'
-          ' first.'
-      )
-    # plugin-only: end
     scopes, treedef = jax.tree_util.tree_flatten(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))
     declaring = scopes[-1]
     resolved = ties_lib.normalize(ties, collections, declaring.path)
     scopes[-1] = ties_lib.declare(declaring, resolved)
-    with ties_lib.checking(scopes[-1], resolved):
-      return fn(treedef.unflatten(scopes), *args, **kwargs)
+    y = fn(treedef.unflatten(scopes), *args, **kwargs)
+    ties_lib.check_init(scopes[-1], resolved)
+    return y
 
   return wrapper
