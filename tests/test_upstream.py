@@ -189,3 +189,30 @@ def test_every_pr_has_a_description_and_its_test_classes():
     assert doc.startswith('# ') and '\n## Why' in doc and '\n## Tests' in doc, pr.slug
     for stem, name in pr.tests:
       assert name in {d.name for d in upstream.read_module(f'tests.upstream.{stem}')[0]}
+
+
+def test_overloads_move_and_are_replaced_as_one_definition(tmp_path, monkeypatch):
+  (tmp_path / 'overloaded.py').write_text(textwrap.dedent('''\
+      @tp.overload
+      def remat(*, static_argnames=()): ...
+      @tp.overload
+      def remat(f, *, static_argnames=()): ...
+      def remat(f=None, *, static_argnames=()):
+        """Ours."""
+      '''))
+  monkeypatch.setattr(upstream, 'ROOT', tmp_path)
+  defs, _, _ = upstream.read_module('overloaded')
+  assert [d.name for d in defs] == ['remat'] and defs[0].text.count('def remat') == 3
+  flax = FLAX + textwrap.dedent('''\
+
+
+      @tp.overload
+      def remat(*, prevent_cse=True): ...
+      @tp.overload
+      def remat(f, *, prevent_cse=True): ...
+      def remat(f=None, *, prevent_cse=True):
+        """Upstream's remat."""
+      ''')
+  out = upstream.place(flax, defs)
+  assert out.count('def remat') == 3 and '"""Ours."""' in out
+  assert "Upstream's remat" not in out and 'prevent_cse' not in out

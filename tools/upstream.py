@@ -93,6 +93,7 @@ class Def:
   name: str
   text: str    # its lines, with the comment lines right above it
   uses: set    # global names it reads, and ('module', 'name') of ours it reaches
+  end: int = 0  # its last line in our source
 
 
 def _globals(node: ast.stmt, table: symtable.SymbolTable | None) -> set[str]:
@@ -147,7 +148,12 @@ def read_module(module: str):
     uses |= {(ours[s.value.id], s.attr) for s in ast.walk(node) if isinstance(s, ast.Attribute)
              and isinstance(s.value, ast.Name) and isinstance(ours.get(s.value.id), str)}
     text = '\n'.join(lines[first - 1:node.end_lineno])
-    defs += [Def(module, name, text, uses) for name in _names(node)]
+    if defs and _names(node) == [defs[-1].name] and hasattr(node, 'body'):  # @overload
+      defs[-1].text += '\n' + '\n'.join(lines[defs[-1].end:node.end_lineno])
+      defs[-1].uses |= uses
+    else:
+      defs += [Def(module, name, text, uses) for name in _names(node)]
+    defs[-1].end = node.end_lineno
   _MODULES[module] = defs, imports, ast.get_docstring(tree) or ''
   return _MODULES[module]
 
@@ -207,6 +213,16 @@ def reach(pr: PR, taken: set) -> list[Def]:
   return sorted(mine, key=lambda d: (d.module, order[d.module, d.name]))
 
 
+def _spans(source: str) -> dict[str, tuple[int, int]]:
+  """Name -> (first, last line) of each top-level definition; overloads as one."""
+  spans, previous = {}, None
+  for node in ast.parse(source).body:
+    for name in _names(node):
+      first = spans[name][0] if name == previous and name in spans else _first_line(node)
+      spans[name], previous = (first, node.end_lineno), name
+  return spans
+
+
 def _bound(source: str) -> set[str]:
   body = ast.parse(source).body
   return {n for node in body for n in _names(node)} | {
@@ -251,21 +267,20 @@ def place(source: str, defs: list[Def]) -> str:
   """Puts ``defs`` into a Flax module: replaced in place, or after their predecessor."""
   previous = None
   for i, d in enumerate(defs):
-    lines = source.split('\n')
-    top = {n: node for node in ast.parse(source).body for n in _names(node)}
+    lines, top = source.split('\n'), _spans(source)
     text = hoist(d.text)[0].split('\n')
     if d.name in top:
-      lines[_first_line(top[d.name]) - 1:top[d.name].end_lineno] = text
+      lines[top[d.name][0] - 1:top[d.name][1]] = text
     else:
       ours = [e.name for e in read_module(d.module)[0]]
       before = [n for n in ours[:ours.index(d.name)] if n in top]
       if previous or before:  # after what precedes it in our source
-        at = top[previous or before[-1]].end_lineno
+        at = top[previous or before[-1]][1]
       else:  # before the next one Flax has, or `if __name__ == '__main__'`, or at the end
-        later = [top[e.name] for e in defs[i:] if e.name in top] + [
-            n for n in ast.parse(source).body if isinstance(n, ast.If)
+        later = [top[e.name][0] for e in defs[i:] if e.name in top] + [
+            n.lineno for n in ast.parse(source).body if isinstance(n, ast.If)
             and '__main__' in ast.unparse(n.test)]
-        at = _first_line(later[0]) - 1 if later else len(lines)
+        at = later[0] - 1 if later else len(lines)
         while at > 0 and (not lines[at - 1].strip() or (later and lines[at - 1].startswith('#'))):
           at -= 1
       lines[at:at] = ['', '', *text]
