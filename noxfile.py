@@ -214,7 +214,7 @@ def screenshots(session):
   if not shutil.which('chromium'):
     session.run('apt-get', 'update', '-qq', external=True)
     session.run('apt-get', 'install', '-y', '-qq', 'chromium', external=True)
-  _install(session, NEWEST, *_extra('docs'))
+  _install(session, NEWEST, *_extra('docs'), 'pillow')
   _sphinx(session, 'html')
   session.run('python', 'docs/screenshots.py', str(DOCS_BUILD / 'html'),
               str(DOCS_BUILD / 'screenshots'))
