@@ -21,8 +21,7 @@ Importing this package installs both features into Flax (``nn.tie``,
 ``lift.remat`` and ``nnx.remat``) unless the environment variable
 ``FLAX_TIEEXT_AUTOPATCH=0`` is set. The same transforms are always available,
 unpatched, as ``flax_tieext.lift``, ``flax_tieext.linen`` and
-``flax_tieext.nnx``. On a Flax that has both features natively
-(``is_native()``), nothing is patched and those names are Flax's own.
+``flax_tieext.nnx``.
 """
 
 __version__ = '0.1.0.dev0'
@@ -34,7 +33,7 @@ from flax_tieext.core import lift as lift
 from flax_tieext.core.ties import TieError as TieError
 from flax_tieext.core.tie_convert import tie_variables as tie_variables
 from flax_tieext.core.tie_convert import untie_variables as untie_variables
-from flax_tieext._compat import is_native as is_native
+from flax_tieext._compat import is_native as is_native  # deprecated: always False
 from flax_tieext._patch import PatchError as PatchError
 from flax_tieext._patch import install as install
 from flax_tieext._patch import is_installed as is_installed

@@ -129,11 +129,7 @@ def _state() -> list[tuple[Any, str, Any]] | None:
 
 
 def is_installed() -> bool:
-  """Returns True if the flax_tieext patch is currently installed in Flax.
-
-  Always False on a Flax that has the features natively (see
-  ``flax_tieext.is_native()``): nothing is patched there.
-  """
+  """Returns True if the flax_tieext patch is currently installed in Flax."""
   return _state() is not None
 
 
@@ -146,14 +142,12 @@ def _owner_dict_get(owner, attr):
 def install() -> None:
   """Installs ``static_argnames`` and ``tie`` into Flax (idempotent).
 
-  Does nothing on a Flax that has both natively (``flax_tieext.is_native()``).
-
   Raises:
     PatchError: if the installed Flax lacks something the patch needs. Flax is
       left untouched in that case.
   """
   with _lock:
-    if is_installed() or _compat.is_native():
+    if is_installed():
       return
     missing = missing_features()
     if missing:

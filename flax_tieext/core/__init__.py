@@ -14,10 +14,5 @@
 
 """Functional-core twins of ``flax.core``: ``lift`` and the tie machinery."""
 
-from flax_tieext import _compat
-
-# On a Flax with the features natively, these are Flax's own modules.
-_compat.defer_to_flax(__name__, {'lift': 'flax.core.lift', 'ties': 'flax.core.ties'})
-
-from flax_tieext.core import lift as lift  # pylint: disable=g-import-not-at-top
-from flax_tieext.core import ties as ties  # pylint: disable=g-import-not-at-top
+from flax_tieext.core import lift as lift
+from flax_tieext.core import ties as ties

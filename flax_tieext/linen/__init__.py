@@ -19,15 +19,6 @@
 installed, whether or not it is.
 """
 
-from flax_tieext import _compat
-
-# On a Flax with the features natively, these are Flax's own modules.
-_compat.defer_to_flax(
-    __name__,
-    {'transforms': 'flax.linen.transforms', 'partitioning': 'flax.linen.partitioning'},
-)
-
-# pylint: disable=g-import-not-at-top
 from flax_tieext.linen import partitioning as partitioning
 from flax_tieext.linen.transforms import checkpoint as checkpoint
 from flax_tieext.linen.transforms import remat as remat
