@@ -18,8 +18,9 @@
 usual (patched at import), and every test not marked ``needs_patch`` once more
 with the patch uninstalled (test id suffix ``[opted-out]``), which is what a
 user with ``FLAX_TIEEXT_AUTOPATCH=0`` runs: ``uninstall()`` restores Flax's
-exact original objects (tests/test_patch.py). The version matrix uses it to
-cover both modes with one collection and one set of compiled programs.
+exact original objects (tests/test_patch.py), and interpreters the test starts
+get ``FLAX_TIEEXT_AUTOPATCH=0``. The version matrix uses it to cover both
+modes with one collection, in one process per xdist worker.
 """
 
 import pytest
@@ -59,13 +60,20 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if not opted_out_but_needs_patch(item)]
 
 @pytest.fixture
-def patch_mode(request):
-  """Uninstalls the patch for the test's duration in the opted-out mode."""
-  if request.param != OPTED_OUT or not flax_tieext.is_installed():
+def patch_mode(request, monkeypatch):
+  """Opts the test out of the patch in the opted-out mode.
+
+  The patch is uninstalled for the test's duration, and the interpreters the
+  test starts (the demo, pytest runs) see ``FLAX_TIEEXT_AUTOPATCH=0``.
+  """
+  if request.param != OPTED_OUT:
     yield request.param
     return
+  monkeypatch.setenv('FLAX_TIEEXT_AUTOPATCH', '0')
+  was_installed = flax_tieext.is_installed()
   flax_tieext.uninstall()
   try:
     yield request.param
   finally:
-    flax_tieext.install()
+    if was_installed:
+      flax_tieext.install()
