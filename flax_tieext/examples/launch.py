@@ -30,6 +30,7 @@ they come (the demo draws its progress bar from process 0's). In each process,
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import signal
 import socket
@@ -96,14 +97,17 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *,
 
   A peer that stops sending heartbeats for ``heartbeat_timeout`` seconds is
   declared dead, and the coordination service stops the job; the survivors
-  then fail instead of waiting forever in a collective.
+  then fail instead of waiting forever in a collective. (JAX before 0.5 has
+  neither timeout as an argument and keeps its defaults.)
   """
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  timeouts = {'heartbeat_timeout_seconds': heartbeat_timeout,
+              'shutdown_timeout_seconds': shutdown_timeout}
+  accepted = inspect.signature(jax.distributed.initialize).parameters
   jax.distributed.initialize(
       coordinator_address=coordinator, num_processes=num_processes,
       process_id=process_id, initialization_timeout=60,
-      heartbeat_timeout_seconds=heartbeat_timeout,
-      shutdown_timeout_seconds=shutdown_timeout)
+      **{k: v for k, v in timeouts.items() if k in accepted})
 
 
 def free_port() -> int:

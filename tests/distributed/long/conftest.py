@@ -1,6 +1,17 @@
-"""The uninterrupted 2-process job the long tests compare against."""
+"""The uninterrupted 2-process job the long tests compare against.
+
+This process restores checkpoints on 8 CPU devices too; XLA reads the flag
+when JAX starts its backend, after collection.
+"""
+
+import os
 
 import pytest
+
+if '--xla_force_host_platform_device_count' not in os.environ.get(
+    'XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                             ' --xla_force_host_platform_device_count=8')
 
 from flax_tieext.examples import scaling
 

@@ -46,12 +46,12 @@ def test_restore_on_another_mesh_and_continue(job, devices):
     np.testing.assert_array_equal(restored[name], value, err_msg=name)
 
   # From step 4, the same steps as the job: the same losses and params, up to
-  # float32 sums in another order (see test_two_processes.py).
+  # float32 sums taken in another order on another mesh.
   state = scaling.restore(checkpoints, mesh, step=SAVED)
   assert int(state['step']) == SAVED
   state, losses = scaling.train(state, STEPS, mesh)
-  np.testing.assert_allclose(losses, out.losses[SAVED:], rtol=1e-5)
+  np.testing.assert_allclose(losses, out.losses[SAVED:], rtol=1e-6)
   continued = scaling.flatten(jax.device_get(state['params']))
   for name, value in out.params.items():
-    np.testing.assert_allclose(continued[name], value, rtol=1e-5, atol=1e-5,
+    np.testing.assert_allclose(continued[name], value, rtol=1e-5, atol=1e-6,
                                err_msg=name)
