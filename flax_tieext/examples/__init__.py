@@ -20,4 +20,9 @@ and the benchmarks, each in a file named for it:
 * :mod:`flax_tieext.examples.albert`: an ALBERT-style encoder whose blocks
   share one attention module, written the upstream way (a shared module passed
   in as an attribute) and the tied way.
+* :mod:`flax_tieext.examples.scaling`: the tied ALBERT-style encoder trained
+  on a mesh over every process of a ``jax.distributed`` job, checkpointed with
+  Orbax (``docs/scaling.md``).
+* :mod:`flax_tieext.examples.launch`: runs a program as N local
+  ``jax.distributed`` processes (the tests, and the demo's ``--processes``).
 """
