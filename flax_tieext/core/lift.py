@@ -901,6 +901,7 @@ def _partial_pack(
       list(user_scopes) + [scope for scope, _ in tie_sources])
   rngs_only = [any(s is scope and only for s, only in tie_sources)
                for scope in scopes]
+  with_variables = [s for s, only in zip(scopes, rngs_only) if not only]
 
   variable_groups_xs = []
 
@@ -908,7 +909,8 @@ def _partial_pack(
     scope._validate_trace_level()
     scope._populate_collections()
     variable_groups_xs.append(group_collections(
-        ties_lib.lifted_variables(scope, scopes, only), in_variable_filters))
+        {} if only else ties_lib.lifted_variables(scope, with_variables),
+        in_variable_filters))
   variable_groups_xs_t = _transpose(variable_groups_xs)
 
   # Make sure that in-only variable collections are frozen

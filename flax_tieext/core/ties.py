@@ -296,6 +296,7 @@ class _Lift:
   siblings: tuple  # the inner roots of the same pack (tie sources included)
   transform: str  # the pack's name
   rngs_only: bool  # a tie source lifted for its rngs only
+  closure: str | None  # the mapping transform its variables are broadcast by
 
 
 def _reach(scope, path: Path, rngs: bool = False):
@@ -316,9 +317,13 @@ def _reach(scope, path: Path, rngs: bool = False):
     if lift is None:
       break
     for sib in lift.siblings:
-      if (sib is not scope.root and _is_within(path, sib.path)
-          and (rngs or not sib._tie_lift.rngs_only)):  # pylint: disable=protected-access
+      if sib is scope.root or not _is_within(path, sib.path):
+        continue
+      info = sib._tie_lift  # pylint: disable=protected-access
+      if rngs or not info.closure:
         return sib, tuple(crossed)
+      if not info.rngs_only:  # a broadcast value, lifted again
+        return sib, tuple(crossed) + (info.closure,)
     crossed.append(lift.transform)
     scope = lift.outer
   return None, tuple(crossed)
@@ -356,14 +361,16 @@ def locate(scope, path: Path, col: str, rngs: bool = False):
 def _follow(scope, path: Path, col: str, below: int = -1) -> Path | None:
   """Where the innermost tie in force at ``scope`` maps ``path``, or None.
 
-  Inside a lifted transform, a tie whose target holds the inner root was
-  already followed when the root was lifted: its data is the source's.
+  Inside a lifted transform, a tie whose target holds an inner root that
+  holds ``col`` was already followed when the root was lifted: the root's
+  data is the source's.
   """
-  root, best = scope.root.path, None
+  root, best = scope.root, None
+  lifted = col in root._variables and _is_within(path, root.path)  # pylint: disable=protected-access
   for t in ties_in_force(scope):
     if (t.view is None and t.applies_to(col) and len(t.target) > below
         and _is_within(path, t.target)
-        and not (_is_within(path, root) and _is_within(root, t.target))
+        and not (lifted and _is_within(root.path, t.target))
         and (best is None or len(t.target) > len(best.target))):
       best = t
   return None if best is None else best.source + path[len(best.target):]
@@ -681,17 +688,19 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
       col = next((c for c in ('params', *_named(tie.collections),
                               *scope.root._variables)  # pylint: disable=protected-access
                   if tie.applies_to(c)), 'params')
-      base, rest, crossed = locate(scope, tie.source, col)
+      base, rest, crossed = locate(scope, tie.source, col, rngs=True)
       if base is None or crossed:
         continue
       path = base.path + rest
-      node = _walk(_stored(base, base.path, col), rest)
+      lift = base.root._tie_lift  # pylint: disable=protected-access
+      seen = lift.outer if lift and lift.rngs_only else base  # a closure
+      node = _walk(seen._collection(col), path[len(seen.path):])  # pylint: disable=protected-access
       if not isinstance(node, Mapping) or not node:
         path = path[:-1]  # a variable, or nothing stored yet: lift the parent
       if path in paths or any(_is_within(path, s.path) for s in scopes) or (
           rngs_only and any(_is_within(s.path, path) for s in scopes)):
         continue
-      base, _ = _reach(scope, path)
+      base, _ = _reach(scope, path, rngs=True)
       for name in path[len(base.path):]:
         base = base.rewound().push(name, reuse=True)
       paths.add(path)
@@ -699,32 +708,52 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
   return extra
 
 
-def lifted_variables(scope, scopes, rngs_only: bool) -> Mapping[str, Any]:
-  """The variables a transform lifts for ``scope``.
+def lifted_variables(scope, scopes) -> Mapping[str, Any]:
+  """The variables a transform lifts for ``scope``, among ``scopes``.
 
   A scope that is itself a target carries its source's collections when the
-  source is not lifted in the same pack (a tied scanned stack is scanned like
-  its source).
+  source is not lifted with variables in the same pack (a tied scanned stack
+  is scanned like its source).
   """
-  if rngs_only:
-    return {}
-  borrowed = scope._tie_borrowed  # pylint: disable=protected-access
-  if not borrowed:
+  lift = scope._tie_lift  # pylint: disable=protected-access
+  if lift is not None and lift.rngs_only:  # its variables are a closure
+    return {col: node for col in _collections(scope)
+            if (node := lift.outer._collection(col))}  # pylint: disable=protected-access
+  ties = [t for t in ties_in_force(scope) if t.target == scope.path]
+  if not ties:
     return scope._variables  # pylint: disable=protected-access
   out = dict(scope._variables)  # pylint: disable=protected-access
-  for col, node in borrowed.items():
+  for col in _collections(scope):
+    if col in out or not any(t.applies_to(col) for t in ties):
+      continue
+    scope._collection(col)  # pylint: disable=protected-access
+    node = (scope._tie_borrowed or {}).get(col)  # pylint: disable=protected-access
     base, rest, _ = locate(scope, scope.path, col)
-    if base is not None and not any(
+    if node is not None and not any(
         _is_within(base.path + rest, s.path) for s in scopes):
       out[col] = node
   return out
+
+
+def _collections(scope) -> set[str]:
+  """The collections of every root up the chain of lifted transforms."""
+  found = set()
+  while scope is not None:
+    found |= set(scope.root._variables)  # pylint: disable=protected-access
+    lift = scope.root._tie_lift  # pylint: disable=protected-access
+    scope = lift and lift.outer
+  return found
 
 
 def link_inner_scopes(outer_scopes, inner_scopes, transform, rngs_only):
   """Records on each inner root what it stands for (``Scope._tie_lift``)."""
   siblings = tuple(inner_scopes)
   for outer, inner, only in zip(outer_scopes, inner_scopes, rngs_only):
-    inner._tie_lift = _Lift(outer, siblings, transform, only)  # pylint: disable=protected-access
+    closure = transform if only else outer.root._tie_lift and (  # pylint: disable=protected-access
+        outer.root._tie_lift.closure)  # pylint: disable=protected-access
+    inner._tie_lift = _Lift(outer, siblings, transform, only, closure)  # pylint: disable=protected-access
+    if closure:
+      inner.mutable = False
 
 
 def inner_scopes_of(inner_scopes) -> tuple:
@@ -751,10 +780,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
   """
   if not scope.get_flag('initializing', False):
     return
-  present, s = set(), scope
-  while s is not None:
-    present |= set(s.root._variables)  # pylint: disable=protected-access
-    s = s.root._tie_lift and s.root._tie_lift.outer  # pylint: disable=protected-access
+  present = _collections(scope)
   for tie in ties:
     names = _named(tie.collections)
     for col in names:
@@ -785,8 +811,17 @@ def check_init(scope, ties: tuple[Tie, ...]):
         if end < len(tie.target) and _stored(scope, tie.target[:end], col):
           break
         del _stored(scope, tie.target[:end - 1], col)[tie.target[end - 1]]
-    if not found and all(_stored(scope, tie.target, c) is None
-                         for c in present):
+    if found:
+      continue
+    if any(_stored(scope, tie.target, c) is not None for c in present):
+      cols = ', '.join(repr(c) for c in sorted(present) if tie.applies_to(c))
+      raise _fail(
+          f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
+          f' {text(tie.source)} holds any variable in {cols or "those"}'
+          ' collections while initializing.',
+          'Tie the collections the two modules hold (collections=...).',
+          'Tie the modules that hold the collection.')
+    else:
       raise _fail(
           f'The target {text(tie.target)} of the {tie.describe()} does not'
           ' exist: no module or variable was created there while'
