@@ -199,8 +199,11 @@ def reach(pr: PR, taken: set) -> list[Def]:
   todo, mine = list(roots), []
   while todo:
     module, name = key = todo.pop()
+    if module.split('.')[1].startswith('_') or module.startswith('flax_tieext.testing'):
+      raise Error(f'{name} of {module} is reached, but that module is plugin-only:'
+                  ' Flax has no counterpart for it')
     found = _find(module, name)
-    if not found and key in roots:
+    if not found:
       raise Error(f'{module} defines no (or more than one) {name}')
     for d in found:
       if (d.module, d.name) not in taken:
@@ -337,6 +340,10 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
     found = [d for d in read_module(f'tests.upstream.{stem}')[0] if d.name == name]
     if not found:
       raise Error(f'tests/upstream/{stem}.py has no {name}')
+    for module, attr in (u for u in found[0].uses if isinstance(u, tuple)):
+      if not _find(module, attr):
+        raise Error(f'{name} in tests/upstream/{stem}.py uses {module}.{attr}, which'
+                    ' does not exist')
     by_dest.setdefault(str(_path(TESTS[stem])), []).extend(found)
   for dest, defs in by_dest.items():
     path = tree / dest

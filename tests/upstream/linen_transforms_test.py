@@ -26,6 +26,7 @@ from jax import random
 import jax.numpy as jnp
 import numpy as np
 
+from flax_tieext.core import tie_convert
 from flax_tieext.core import ties
 
 
@@ -155,13 +156,13 @@ class TieVariablesTest(parameterized.TestCase):
     tokens = jnp.array([[0, 3, 4]])
     variables = tied.init(random.key(0), tokens)
     self.assertEqual(list(variables['params']), ['embed'])
-    untied = ties.untie_variables(variables, ties_)
+    untied = tie_convert.untie_variables(variables, ties_)
     embedding = variables['params']['embed']['embedding']
     np.testing.assert_allclose(
         untied['params']['head']['kernel'], embedding.T)
     np.testing.assert_allclose(
         tied.apply(variables, tokens), self.LM().apply(untied, tokens))
-    retied = ties.tie_variables(untied, ties_)
+    retied = tie_convert.tie_variables(untied, ties_)
     jax.tree.map(np.testing.assert_allclose, retied, variables)
     grad = jax.grad(lambda v: tied.apply(v, tokens).sum())(variables)
     expected = jax.grad(lambda v: self.LM().apply(v, tokens).sum())(untied)
