@@ -12,7 +12,7 @@ passed as an argument) and compared on outputs, stored variables and
 gradients; never against numbers from a previous run.
 
 Most cases run with no transform and under ``nn.remat``,
-``nn.partitioning.remat`` and ``nn.jit`` applied to the blocks / the target
+``nn_partitioning.remat`` and ``nn.jit`` applied to the blocks / the target
 module (``WRAPS``); a comment says where a wrapper cannot apply.
 
 The conversion tests use only ``flax_tieext.tie_variables`` /
@@ -26,6 +26,7 @@ import functools
 import re
 
 import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,7 +44,7 @@ N = 3
 WRAPS = {
     'none': lambda cls: cls,
     'remat': nn.remat,
-    'partitioning.remat': nn.partitioning.remat,
+    'partitioning.remat': nn_partitioning.remat,
     'jit': nn.jit,
 }
 ALL_WRAPS = sorted(WRAPS)

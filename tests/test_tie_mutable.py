@@ -8,6 +8,7 @@ one of the writes; these tests use order-sensitive updates to catch that.
 import functools
 
 import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.needs_patch
 WRAPS = {
     'none': lambda cls: cls,
     'remat': nn.remat,
-    'partitioning.remat': nn.partitioning.remat,
+    'partitioning.remat': nn_partitioning.remat,
     'jit': nn.jit,
     'map_variables': lambda cls: nn.map_variables(
         cls, 'params', lambda v: v, lambda v: v, init=True),

@@ -14,6 +14,7 @@ writes) and in gradients.
 import functools
 
 import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -36,7 +37,7 @@ D = 3
 WRAPS = {
     'none': lambda cls: cls,
     'remat': nn.remat,
-    'partitioning.remat': nn.partitioning.remat,
+    'partitioning.remat': nn_partitioning.remat,
     'jit': nn.jit,
 }
 

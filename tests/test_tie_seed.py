@@ -1,7 +1,7 @@
 """The seed scenario of issue 3, end to end.
 
 A T5-style encoder shares one attention mask (collection ``graph``) between
-all its blocks. The blocks are rematted (``nn.partitioning.remat`` as HF
+all its blocks. The blocks are rematted (``nn_partitioning.remat`` as HF
 transformers does it, or ``nn.remat``). The reference is the same encoder
 without the tie, with the mask copied into every block: outputs must be equal,
 the gradient of the one stored mask must be the sum of the per-block
@@ -11,6 +11,7 @@ gradients, and parameter gradients must be equal -- eagerly and under jit.
 import functools
 
 import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,7 +74,7 @@ class Block(nn.Module):
 REMATS = {
     'none': lambda cls: cls,
     # HF transformers: counts static_argnums without self.
-    'partitioning.remat': lambda cls: nn.partitioning.remat(
+    'partitioning.remat': lambda cls: nn_partitioning.remat(
         cls, static_argnums=(1,)),
     # recurrentgemma style: counts static_argnums with self.
     'nn.remat': lambda cls: nn.remat(cls, static_argnums=(2,)),

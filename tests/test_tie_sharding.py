@@ -83,7 +83,7 @@ def passes_on_eight_devices(request):
   env = dict(os.environ)
   env['XLA_FLAGS'] = f"{env.get('XLA_FLAGS', '')} {EIGHT_DEVICES}".strip()
   result = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-q', request.node.nodeid,
+      [sys.executable, '-m', 'pytest', '-q', '-n', '0', request.node.nodeid,
        *(['--opted-out-too'] if request.config.getoption('opted_out_too') else [])],
       cwd=request.config.rootpath, env=env, capture_output=True, text=True,
       check=False,

@@ -12,6 +12,7 @@ both nesting orders.
 import functools
 
 import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +47,7 @@ class Block(nn.Module):
 WRAPS = {
     'none': lambda cls: cls,
     'remat': nn.remat,
-    'partitioning.remat': nn.partitioning.remat,
+    'partitioning.remat': nn_partitioning.remat,
     'jit': nn.jit,
     'map_variables': lambda cls: nn.map_variables(
         cls, 'params', lambda v: v, lambda v: v, init=True),
