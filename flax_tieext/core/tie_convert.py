@@ -22,7 +22,6 @@ with the same ties that ``nn.tie`` / ``lift.tie`` take.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,8 +70,8 @@ def tie_variables(
   """
   out = _unfreeze(variables)
   for tie, col, expected in _viewed_sources(out, ties, collections, 'tie'):
-    target = _get_path(out[col], tie.target)
-    if target is not _ABSENT:
+    target = ties_lib.walk(out[col], tie.target)
+    if target is not None:
       _check_equal(tie, col, target, expected)
       out[col] = _with_path(out[col], tie.target, _ABSENT)
   return out
@@ -122,15 +121,15 @@ def _viewed_sources(tree, ties, collections, verb):
   """
   for tie in ties_lib.normalize(ties, collections, ()):
     for col in [c for c in tree if tie.applies_to(c)]:
-      source = _get_path(tree[col], tie.source)
-      if source is _ABSENT:
-        if _get_path(tree[col], tie.target) is _ABSENT:
+      source = ties_lib.walk(tree[col], tie.source)
+      if source is None:
+        if ties_lib.walk(tree[col], tie.target) is None:
           continue
         raise TieError(
             f'Cannot {verb} {ties_lib.text(tie.target)} and'
             f' {ties_lib.text(tie.source)} in collection {col!r}: the target'
             ' is present but the source is missing from the variables.'
-            + _nearest_hint(tree[col], tie.source)
+            + ties_lib.nearest(tree[col], tie.source)
             + ' Fix the source path in the ties.'
         )
       yield tie, col, jax.tree_util.tree_map(
@@ -165,15 +164,6 @@ def _check_equal(tie, col: str, target, expected):
       )
 
 
-def _get_path(tree, path):
-  node = tree
-  for name in path:
-    if not isinstance(node, Mapping) or name not in node:
-      return _ABSENT
-    node = node[name]
-  return node
-
-
 def _unfreeze(tree):
   if isinstance(tree, Mapping):
     return {k: _unfreeze(v) for k, v in tree.items()}
@@ -193,17 +183,3 @@ def _with_path(tree, path, value):
   if value is _ABSENT and not tree[path[0]]:
     del tree[path[0]]
   return tree
-
-
-def _nearest_hint(tree, path) -> str:
-  node, depth = tree, 0
-  for name in path:
-    if not isinstance(node, Mapping) or name not in node:
-      break
-    node, depth = node[name], depth + 1
-  names = sorted(node) if isinstance(node, Mapping) else []
-  nearest = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
-  where = ties_lib.text(path[:depth])
-  if nearest:
-    return f' Nearest existing names under {where}: {", ".join(nearest)}.'
-  return f' Names under {where}: {", ".join(names) or "none"}.'

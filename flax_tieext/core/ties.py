@@ -118,7 +118,7 @@ def _fail(what: str, *options: str) -> TieError:
   return TieError(f'{what}\n\nOptions:{listed}' if options else what)
 
 
-def _nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
+def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
   """Names that exist where ``path`` stops matching ``tree``, nearest first."""
   node, depth = tree, 0
   for name in path:
@@ -248,7 +248,7 @@ def _check_apply_variables(scope, ties):
   given = scope.root._variables  # pylint: disable=protected-access
   for tie in ties:
     for col in [c for c in given if tie.applies_to(c)]:
-      node = _walk(given[col], tie.target[len(scope.root.path):])
+      node = walk(given[col], tie.target[len(scope.root.path):])
       if node is not None and node != {}:
         raise _fail(
             f'Values were given for {text(tie.target)} in collection {col!r},'
@@ -376,7 +376,7 @@ def _follow(scope, path: Path, col: str, below: int = -1) -> Path | None:
   return None if best is None else best.source + path[len(best.target):]
 
 
-def _walk(node, names):
+def walk(node, names):
   for name in names:
     if not isinstance(node, Mapping) or name not in node:
       return None
@@ -390,7 +390,7 @@ def _stored(scope, path: Path, col: str):
   if base is None:
     return None
   root = base.root
-  return _walk(root._variables.get(col), path[len(root.path):])  # pylint: disable=protected-access
+  return walk(root._variables.get(col), path[len(root.path):])  # pylint: disable=protected-access
 
 
 def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
@@ -439,7 +439,7 @@ def _storage(scope, tie: Tie, col: str, write: bool):
         ' compiled function would keep a stale copy of the source.',
         f'Declare the tie at a module that contains both paths, outside the'
         f' {where}.')
-  node = _walk(base._collection(col), rest)  # pylint: disable=protected-access
+  node = walk(base._collection(col), rest)  # pylint: disable=protected-access
   if write or not node:
     what = 'A write to' if write else 'Initializing'
     raise _fail(
@@ -468,7 +468,7 @@ def _missing(scope, tie: Tie, col: str):
   raise _fail(
       f'The source {text(tie.source)} of the {tie.describe(col)} is not'
       f' stored (looked up from {scope.path_text}).'
-      + _nearest(stored, tie.source[len(scope.root.path):], scope.root.path),
+      + nearest(stored, tie.source[len(scope.root.path):], scope.root.path),
       'Fix the source path (paths are relative to the module that declares'
       ' the tie; a leading "/" starts at the root module).',
       "Pass the source's variables to apply.")
@@ -510,7 +510,7 @@ def _tied(scope, col: str, write: bool, original):
       raise _read_only(tie, col, scope)
     base, rest, _ = locate(
         scope, tie.source + scope.path[len(tie.target):], col)
-    source = _walk(_stored(base, base.path, col), rest) if base else None
+    source = walk(_stored(base, base.path, col), rest) if base else None
     return jax.tree_util.tree_map(lambda x: apply_view(tie, x),
                                   source if source is not None else {},
                                   is_leaf=is_box)
@@ -592,7 +592,7 @@ class _TiedCollection(MutableMapping):
     base, rest, crossed = locate(self._scope, tie.source[:-1], self._col)
     if base is None or (not crossed and _initializes(self._scope, self._col)):
       return None
-    if isinstance(_walk(base._collection(self._col), rest + tie.source[-1:]),  # pylint: disable=protected-access
+    if isinstance(walk(base._collection(self._col), rest + tie.source[-1:]),  # pylint: disable=protected-access
                   Mapping):
       return None
     if tie.view is not None and write:
@@ -694,7 +694,7 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
       path = base.path + rest
       lift = base.root._tie_lift  # pylint: disable=protected-access
       seen = lift.outer if lift and lift.rngs_only else base  # a closure
-      node = _walk(seen._collection(col), path[len(seen.path):])  # pylint: disable=protected-access
+      node = walk(seen._collection(col), path[len(seen.path):])  # pylint: disable=protected-access
       if not isinstance(node, Mapping) or not node:
         path = path[:-1]  # a variable, or nothing stored yet: lift the parent
       if path in paths or any(_is_within(path, s.path) for s in scopes) or (
@@ -798,12 +798,12 @@ def check_init(scope, ties: tuple[Tie, ...]):
       if copy is None:
         continue
       base, rest, _ = locate(scope, tie.source, col)
-      source = _walk(_stored(base, base.path, col), rest) if base else None
+      source = walk(_stored(base, base.path, col), rest) if base else None
       if source is None:
         raise _fail(
             f'The source {text(tie.source)} of the {tie.describe(col)} does'
             f' not exist: nothing was stored there while initializing.'
-            + _nearest(_stored(scope, (), col) or {}, tie.source),
+            + nearest(_stored(scope, (), col) or {}, tie.source),
             'Fix the source path (paths are relative to the module that'
             ' declares the tie; a leading "/" starts at the root module).')
       _check_copy(tie, col, copy, source)
@@ -826,7 +826,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
           f'The target {text(tie.target)} of the {tie.describe()} does not'
           ' exist: no module or variable was created there while'
           ' initializing.'
-          + _nearest({c: _stored(scope, (), c) for c in present}
+          + nearest({c: _stored(scope, (), c) for c in present}
                      .get('params') or {}, tie.target),
           'Fix the target path (paths are relative to the module that'
           ' declares the tie; a leading "/" starts at the root module).')
@@ -849,7 +849,7 @@ def _check_copy(tie: Tie, col: str, copy, source):
       raise _fail(
           f'The target {text(tie.target + path)} of the {tie.describe(col)}'
           f' has no counterpart in the source: {text(tie.source + path)} is'
-          ' not stored.' + _nearest(source if isinstance(source, Mapping)
+          ' not stored.' + nearest(source if isinstance(source, Mapping)
                                     else {}, path, tie.source),
           'Fix the source path: a target may only use variables its source'
           ' has.',
