@@ -69,8 +69,8 @@ CLIENT_REQUIREMENTS = ('transformers==4.57.6', 'einops', 'jaxtyping', 'typeguard
 CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
-CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'upstream', 'docs',
-               'screenshots']
+CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'tie-properties',
+               'upstream', 'docs', 'screenshots']
 
 nox.options.sessions = ['tests']
 
@@ -171,6 +171,15 @@ def distributed(session):
   # it beside tests/distributed would collect it once, ignored.
   default_run = sorted(str(p) for p in (ROOT / 'tests' / 'distributed').glob('test_*.py'))
   _pytest(session, 'distributed', 'tests/distributed/long', *default_run, *session.posargs)
+
+
+@nox.session(name='tie-properties')
+def tie_properties(session):
+  """The tie property test (tests/test_tie_properties.py) with 60 examples."""
+  _fresh_reports(session)
+  _install(session, NEWEST, *_extra('test'))
+  _pytest(session, 'tie-properties', 'tests/test_tie_properties.py', '-n', '0',
+          *session.posargs, env={'TIE_PROPERTY_EXAMPLES': '60'})
 
 
 # -- patches/main: the upstream PR series (tools/upstream.py) -------------------
