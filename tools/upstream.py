@@ -185,12 +185,23 @@ TESTS = SPEC['test_files']
 WAIVED = SPEC['waived']
 
 
+def _scope_bindings() -> list[ast.Call]:
+  """``_Binding(Scope, ...)`` calls of our patch: what it changes on Scope."""
+  tree = ast.parse((ROOT / 'flax_tieext/_patch.py').read_text())
+  return [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(
+      c.func, 'id', '') == '_Binding' and ast.unparse(c.args[0]) == 'Scope']
+
+
 def scope_hooks() -> list[tuple[str, str]]:
-  """(Scope method, ties hook) of each ``_Binding(Scope, method, ties.hook)`` of our patch."""
-  return [(c.args[1].value, c.args[2].attr) for c in ast.walk(ast.parse(
-      (ROOT / 'flax_tieext/_patch.py').read_text())) if isinstance(c, ast.Call)
-      and getattr(c.func, 'id', '') == '_Binding' and ast.unparse(c.args[0]) == 'Scope'
-      and ast.unparse(c.args[2]).startswith('ties.')]
+  """(Scope method, ties hook) of each ``_Binding(Scope, method, ties.hook)``."""
+  return [(c.args[1].value, c.args[2].attr) for c in _scope_bindings()
+          if ast.unparse(c.args[2]).startswith('ties.')]
+
+
+def scope_attributes() -> list[tuple[str, str]]:
+  """(name, value) of each ``_Binding(Scope, name, use(value))``: state on Scope."""
+  return [(c.args[1].value, ast.unparse(c.args[2].args[0])) for c in _scope_bindings()
+          if ast.unparse(c.args[2]).startswith('use(')]
 
 
 def reach(pr: PR, taken: set) -> list[Def]:
@@ -320,7 +331,8 @@ def add_imports(source: str, defs: list[Def], dest: str, tree: pathlib.Path) -> 
 
 
 def hook_scope(tree: pathlib.Path) -> None:
-  """``@ties.<hook>`` above each Scope method our patch wraps with that hook."""
+  """Scope as our patch makes it: ``@ties.<hook>`` on the methods it wraps, and
+  the attributes it adds, before the first method."""
   path = tree / 'flax/core/scope.py'
   source = _insert_import(path.read_text(), 'from flax.core import ties')
   scope = next(n for n in ast.parse(source).body if getattr(n, 'name', '') == 'Scope')
@@ -328,6 +340,8 @@ def hook_scope(tree: pathlib.Path) -> None:
   lines = source.split('\n')
   for method, hook in sorted(scope_hooks(), key=lambda p: -_first_line(methods[p[0]])):
     lines.insert(_first_line(methods[method]) - 1, f'  @ties.{hook}')
+  first = min(_first_line(m) for m in methods.values()) - 1
+  lines[first:first] = [f'  {name} = {value}' for name, value in scope_attributes()] + ['']
   path.write_text('\n'.join(lines))
 
 
