@@ -242,4 +242,7 @@ def bench(session):
 def ci(session):
   """Everything .ci/run runs after the README test command (CI_SESSIONS)."""
   for name in CI_SESSIONS:
-    session.notify(name)
+    # The README test command, just run by .ci/run, is our suite patched on
+    # the newest Flax: its matrix run adds the opted-out half only.
+    posargs = ['-k', 'opted-out'] if name == f'matrix({NEWEST})' else None
+    session.notify(name, posargs)
