@@ -168,9 +168,12 @@ def distributed(session):
   _fresh_reports(session)
   _install(session, NEWEST, *_extra('test'))
   # tests/distributed/long is left out of the default run (setup.cfg); naming
-  # it beside tests/distributed would collect it once, ignored.
+  # it beside tests/distributed would collect it once, ignored. One pytest
+  # worker: each test starts 2 processes of its own, and the long tests share
+  # one job.
   default_run = sorted(str(p) for p in (ROOT / 'tests' / 'distributed').glob('test_*.py'))
-  _pytest(session, 'distributed', 'tests/distributed/long', *default_run, *session.posargs)
+  _pytest(session, 'distributed', '-n', '0', 'tests/distributed/long', *default_run,
+          *session.posargs)
 
 
 @nox.session(name='tie-properties')
