@@ -277,7 +277,7 @@ class JobOutput:
 
 
 def run_local_job(out: str, num_processes: int, *args: str,
-                  devices_per_process: int = 4, timeout: float = 120,
+                  devices_per_process: int = 4, timeout: float = 300,
                   **launch_kwargs) -> JobOutput:
   """Runs this program as ``num_processes`` local processes (CPU, gloo).
 
