@@ -48,11 +48,6 @@ WRAPS = {
     'jit': nn.jit,
 }
 ALL_WRAPS = sorted(WRAPS)
-# nn.jit folds the rng path into the key at its boundary (upstream's nn.jit
-# already initializes differently from the same module without jit), so which
-# jit boundary initializes a tied variable decides its initial value; see
-# docs/design.md, "Limits". Init-order tests therefore run without jit.
-RNG_PRESERVING_WRAPS = sorted(w for w in WRAPS if w != 'jit')
 
 X = jax.random.normal(jax.random.key(1), (2, D))
 
@@ -326,29 +321,19 @@ def test_variable_tie_to_a_param_of_the_declaring_module_target_first(wrap):
 
   It raised "a write ... cannot land ... declare the tie at the common
   ancestor" (under nn.jit: "declared inside the jit"): both false, the tie is
-  declared at the root. It works with the source first; with the child first
-  it must work too (as the reference does), or refuse with a true error.
+  declared at the root. It works, whichever use runs first, as the reference
+  does.
   """
   tied = tie(OwnParamModel, {'child/w': 'w'})
   source_first = tied(wrap, child_first=False).init(jax.random.key(0), X)
-  try:
-    variables = tied(wrap, child_first=True).init(jax.random.key(0), X)
-  except TieError as e:
-    if wrap == 'none':
-      raise  # without a transform nothing stands in the way
-    message = str(e)
-    assert_no_false_advice(message, *FALSE_ADVICE)
-    assert_message_names(message, '/child/w', '/w', "'params'")
-    assert_says_how_to_fix(message)
-    return
+  variables = tied(wrap, child_first=True).init(jax.random.key(0), X)
   assert set(variables['params']) == {'w'}, 'the target was stored'
   ref = OwnParamModel(wrap, child_first=True, by_hand=True)
   ref_variables = ref.init(jax.random.key(0), X)
   assert set(ref_variables['params']) == {'w'}
-  if wrap != 'jit':  # see RNG_PRESERVING_WRAPS
-    # The source initializes w as it does when it runs first.
-    assert_trees_equal(variables, source_first)
-    assert_trees_equal(variables, ref_variables)
+  # The source initializes w as it does when it runs first.
+  assert_trees_equal(variables, source_first)
+  assert_trees_equal(variables, ref_variables)
   y, g = outputs_and_grads(tied(wrap, child_first=True), variables, X)
   ry, rg = outputs_and_grads(ref, variables, X)
   assert_close(y, ry)
@@ -493,7 +478,7 @@ def test_params_tie_into_stack_draws_dropout_per_iteration_like_shared_module(
 
 
 @needs_patch
-@pytest.mark.parametrize('wrap', RNG_PRESERVING_WRAPS)
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
 def test_variable_level_params_tie_init_does_not_depend_on_call_order(wrap):
   """b1 running before b0 used to store another kernel."""
   ties = {'block_1/SelfAttention/q/kernel': 'block_0/SelfAttention/q/kernel'}
@@ -520,7 +505,7 @@ class RandomMask(nn.Module):
 
 
 @needs_patch
-@pytest.mark.parametrize('wrap', RNG_PRESERVING_WRAPS)
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
 def test_graph_tie_initialized_from_rngs_does_not_depend_on_call_order(wrap):
   """A graph variable drawn from make_rng('params') depended on call order."""
   block_cls = WRAPS[wrap](RandomMask)

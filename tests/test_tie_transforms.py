@@ -133,14 +133,7 @@ def test_transform_outside_tie_matches_shared_module(outer):
   check_against_reference(tied_cls, ref_cls, x)
 
 
-# nn.jit folds the rng path into the key at its boundary (upstream's nn.jit
-# already initializes differently from the eager module), so under jit the
-# initial value depends on which jit boundary the source is initialized
-# under; see docs/design.md, "Limits".
-RNG_PRESERVING_WRAPS = sorted(w for w in WRAPS if 'jit' not in w)
-
-
-@pytest.mark.parametrize('wrap', RNG_PRESERVING_WRAPS)
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
 def test_init_does_not_depend_on_which_use_runs_first(wrap):
   x = jax.random.normal(jax.random.key(1), (2, D))
   forward = tied_encoder(wrap)().init(jax.random.key(0), x)['params']

@@ -88,8 +88,7 @@ class Tie:
                                 repr=False)  # collections read across a lift
 
   def applies_to(self, col: str) -> bool:
-    from flax.core import scope  # pylint: disable=g-import-not-at-top
-    return scope.in_filter(self.collections, col)
+    return in_filter(self.collections, col)
 
   def describe(self, col: str | None = None) -> str:
     viewed = ' (viewed)' if self.view is not None else ''
@@ -99,6 +98,11 @@ class Tie:
             f'for collections {", ".join(map(repr, names)) or self.collections}')
     return (f'tie {text(self.target)} -> {text(self.source)}{viewed} {cols},'
             f' declared at {text(self.declared_at)}')
+
+
+def in_filter(f, col: str) -> bool:
+  from flax.core import scope  # pylint: disable=g-import-not-at-top
+  return scope.in_filter(f, col)
 
 
 def text(path) -> str:
@@ -403,10 +407,11 @@ def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
 def _storage(scope, tie: Tie, col: str, write: bool):
   """``(storage, crossed)``: what ``tie``'s target uses in ``col`` (None: its own).
 
-  A target that can reach its source uses the source's storage, except while
-  initializing (it initializes its own copy, see :func:`check_init`). Across a
-  transform boundary the source is a closed-over, read-only value; a lifted
-  root that is itself the target keeps what the transform lifted for it.
+  While initializing, a target initializes its own copy (see
+  :func:`check_init`), unless its source is a broadcast value of a stack it
+  runs in. Otherwise a target uses its source's storage; across a transform
+  boundary the source is a closed-over, read-only value, except for a lifted
+  root that is itself the target: it keeps what the transform lifted for it.
   """
   base, rest, crossed = locate(
       scope, tie.source + scope.path[len(tie.target):], col)
@@ -414,9 +419,12 @@ def _storage(scope, tie: Tie, col: str, write: bool):
     raise _fail(f'Cannot reach the source of the {tie.describe(col)} from'
                 f' {scope.path_text}.',
                 'Declare the tie at a module that contains both paths.')
+  lifted_target = (scope.parent is None and scope.path == tie.target
+                   and scope.is_mutable_collection(col))
+  if (crossed and lifted_target) or (
+      _initializes(scope, col) and not set(crossed) & _MAPS):
+    return None, crossed
   if not crossed:
-    if _initializes(scope, col):
-      return None, crossed
     node = base._mutable_collection(col) if write else base._collection(col)  # pylint: disable=protected-access
     for name in rest:
       if write:
@@ -426,22 +434,11 @@ def _storage(scope, tie: Tie, col: str, write: bool):
       else:
         return _missing(scope, tie, col), crossed
     return node, crossed
-  if (scope.parent is None and scope.path == tie.target
-      and scope.is_mutable_collection(col)):
-    return None, crossed  # a lifted target: its collection is lifted like its source's
-  inside = _is_within(tie.declared_at, scope.root.path)
-  if set(crossed) & _CACHES_TRACES:
-    where = next(t for t in crossed if t in _CACHES_TRACES)
-    raise _fail(
-        f'The {tie.describe(col)} is used inside nn.{where} at'
-        f' {scope.path_text}, but its source lies outside that {where} and was'
-        f' not lifted into it (the tie is declared inside the {where}): the'
-        ' compiled function would keep a stale copy of the source.',
-        f'Declare the tie at a module that contains both paths, outside the'
-        f' {where}.')
+  _refuse_stale(scope, tie, col, crossed)
   node = walk(base._collection(col), rest)  # pylint: disable=protected-access
   if write or not node:
     what = 'A write to' if write else 'Initializing'
+    inside = _is_within(tie.declared_at, scope.root.path)
     raise _fail(
         f'{what} {text(tie.target)} in collection {col!r} cannot land in its'
         f' source {text(tie.source)}: the {tie.describe(col)} is used inside'
@@ -453,6 +450,19 @@ def _storage(scope, tie: Tie, col: str, write: bool):
         ' it exists when the target reads it.' if not write else '',
         f'Write to the source outside the {crossed[0]}.' if write else '')
   return node, crossed
+
+
+def _refuse_stale(scope, tie: Tie, col: str, crossed):
+  """A closed-over source inside a transform that caches its trace is stale."""
+  where = next((t for t in crossed if t in _CACHES_TRACES), None)
+  if where is not None:
+    raise _fail(
+        f'The {tie.describe(col)} is used inside nn.{where} at'
+        f' {scope.path_text}, but its source lies outside that {where} and was'
+        f' not lifted into it (the tie is declared inside the {where}): the'
+        ' compiled function would keep a stale copy of the source.',
+        f'Declare the tie at a module that contains both paths, outside the'
+        f' {where}.')
 
 
 def _initializes(scope, col: str) -> bool:
@@ -590,7 +600,8 @@ class _TiedCollection(MutableMapping):
     if tie is None or isinstance(value, Mapping):
       return None
     base, rest, crossed = locate(self._scope, tie.source[:-1], self._col)
-    if base is None or (not crossed and _initializes(self._scope, self._col)):
+    if base is None or (_initializes(self._scope, self._col)
+                        and not set(crossed) & _MAPS):
       return None
     if isinstance(walk(base._collection(self._col), rest + tie.source[-1:]),  # pylint: disable=protected-access
                   Mapping):
@@ -674,8 +685,10 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
   """``(scope, rngs_only)`` of each tie source to lift along with ``scopes``.
 
   For a target inside ``scopes`` whose source lies outside all of them: the
-  source's module (or, for a variable, its parent; before anything is stored,
-  the parent too). See the module docstring for what each transform lifts.
+  source's module (for a variable, its parent). See the module docstring for
+  what each transform lifts. A source not stored yet is not lifted: the
+  target initializes its own copy, and the transform sees exactly what it
+  sees without the tie (so ``nn.jit`` may reuse an untied call site's trace).
   """
   if transform in _DIFFERENTIATES:
     return []
@@ -695,8 +708,10 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
       lift = base.root._tie_lift  # pylint: disable=protected-access
       seen = lift.outer if lift and lift.rngs_only else base  # a closure
       node = walk(seen._collection(col), path[len(seen.path):])  # pylint: disable=protected-access
-      if not isinstance(node, Mapping) or not node:
-        path = path[:-1]  # a variable, or nothing stored yet: lift the parent
+      if node is None or (isinstance(node, Mapping) and not node):
+        continue  # nothing stored yet: the target initializes its own copy
+      if not isinstance(node, Mapping):
+        path = path[:-1]  # a variable: lift its module
       if path in paths or any(_is_within(path, s.path) for s in scopes) or (
           rngs_only and any(_is_within(s.path, path) for s in scopes)):
         continue
@@ -797,7 +812,8 @@ def check_init(scope, ties: tuple[Tie, ...]):
       found = found or copy is not None or col in tie.used
       if copy is None:
         continue
-      base, rest, _ = locate(scope, tie.source, col)
+      base, rest, crossed = locate(scope, tie.source, col)
+      _refuse_stale(scope, tie, col, crossed)
       source = walk(_stored(base, base.path, col), rest) if base else None
       if source is None:
         raise _fail(
@@ -807,9 +823,9 @@ def check_init(scope, ties: tuple[Tie, ...]):
             'Fix the source path (paths are relative to the module that'
             ' declares the tie; a leading "/" starts at the root module).')
       _check_copy(tie, col, copy, source)
-      for end in range(len(tie.target), len(scope.path), -1):  # prune empties
+      for end in range(len(tie.target), len(scope.root.path), -1):
         if end < len(tie.target) and _stored(scope, tie.target[:end], col):
-          break
+          break  # the copy is dropped, then its parents if left empty
         del _stored(scope, tie.target[:end - 1], col)[tie.target[end - 1]]
     if found:
       continue
