@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -490,12 +491,7 @@ def _missing(scope, tie: Tie, col: str):
 
 
 def _hook(original):
-  def decorate(fn):
-    fn.__wrapped__ = original
-    fn.__name__, fn.__qualname__ = original.__name__, original.__qualname__
-    fn.__doc__ = original.__doc__
-    return fn
-  return decorate
+  return functools.wraps(original)
 
 
 def _tied(scope, col: str, write: bool, original):
@@ -515,18 +511,14 @@ def _tied(scope, col: str, write: bool, original):
       # An inner root below a target, without the collection lifted: it
       # reads what its outer scope reads (a closed-over, read-only value).
       return lift.outer._collection(col)  # pylint: disable=protected-access
-  if tie is not None and tie.view is not None:
-    if write:
-      raise _read_only(tie, col, scope)
-    base, rest, _ = locate(
-        scope, tie.source + scope.path[len(tie.target):], col)
-    source = walk(_stored(base, base.path, col), rest) if base else None
-    return jax.tree_util.tree_map(lambda x: apply_view(tie, x),
-                                  source if source is not None else {},
-                                  is_leaf=is_box)
   node, crossed = _storage(scope, tie, col, write) if tie else (None, ())
   if node is None:
     node = original(scope, col)
+  elif tie.view is not None:
+    if write:
+      raise _read_only(tie, col, scope)
+    return jax.tree_util.tree_map(lambda x: apply_view(tie, x), node,
+                                  is_leaf=is_box)
   else:
     tie.used.add(col)
     if not crossed and (node or isinstance(node, dict)):  # not a placeholder
