@@ -128,7 +128,9 @@ def matrix(session, flax):
   _fresh_reports(session)
   _install(session, flax, *_extra('test'), 'absl-py')
   # Every test patched, and each one not marked needs_patch again opted out.
-  _pytest(session, 'ours', '--opted-out-too', '--tb=short', *session.posargs)
+  # tests/distributed runs once, on the newest Flax (nox -s distributed).
+  _pytest(session, 'ours', '--opted-out-too', '--ignore=tests/distributed', '--tb=short',
+          *session.posargs)
   # Flax's own tests: pyproject.toml and tests/ of the sdist, so that they
   # import the installed Flax.
   checkout = harness.SDISTS / f'flax-{flax}'
