@@ -41,7 +41,6 @@ import os
 
 import flax.linen as nn
 from flax.linen import partitioning as nn_partitioning
-from hypothesis import assume
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -281,19 +280,6 @@ def test_tied_model_equals_hand_shared_reference(layout, levels):
   layout = [(w, [(s, 3 if s in STACKS else inst) for s, inst in sites])
             for w, sites in layout]
   levels = (*levels, 'rooted')
-  # Excluded until fixed in the tie core (reported for issue 8): a target in
-  # nn.scan/nn.vmap inside nn.jit, tied to a source outside the jit, raises
-  # TieError ("its source lies outside that jit and was not lifted into it
-  # (the tie is declared inside the jit)") although the tie is declared at the
-  # root; the same module shared by hand works. Reproducer:
-  #   Model: src = Leaf(name='src'); src(xs[0]); then
-  #   nn.jit(Group)(name='group')(xs), where Group calls
-  #   nn.vmap(Step, variable_axes={'params': None}, split_rngs={'params': True},
-  #           in_axes=(None, 0), out_axes=(None, 0))(name='site')(None, xs)
-  #   and Step calls Leaf(name='leaf'); nn.tie(Model, {'group/site/leaf': 'src'})
-  #   -> TieError in init (nn.scan with variable_broadcast='params' too).
-  assume(not any(w == 'jit' and any(s in STACKS for s, _ in sites)
-                 for w, sites in layout))
   tied, ref = build(layout, levels, False)(), build(layout, levels, True)()
   x = jax.random.normal(jax.random.key(1), (2, D))
   variables = tied.init(jax.random.key(0), x)
