@@ -33,7 +33,6 @@ from flax_tieext.core import lift as lift
 from flax_tieext.core.ties import TieError as TieError
 from flax_tieext.core.tie_convert import tie_variables as tie_variables
 from flax_tieext.core.tie_convert import untie_variables as untie_variables
-from flax_tieext._compat import is_native as is_native  # deprecated: always False
 from flax_tieext._patch import PatchError as PatchError
 from flax_tieext._patch import install as install
 from flax_tieext._patch import is_installed as is_installed

@@ -36,16 +36,6 @@ FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.ver
 JAX_VERSION: str = jax.__version__
 
 
-def is_native() -> bool:
-  """Always False: no released Flax has ``tie`` and ``static_argnames`` itself.
-
-  Deprecated, and not part of the documented API; kept only until the last
-  callers stop asking. The upstream series (``patches/main``) is tested by
-  applying it to Flax's source, not by running this package on top of it.
-  """
-  return False
-
-
 def adapt_partial_pack(partial_pack):
   """Builds the ``_partial_pack`` replacement for the installed Flax.
 

@@ -560,7 +560,7 @@ def _patch_installed() -> Iterator[None]:
 
   Under ``FLAX_TIEEXT_AUTOPATCH=0`` the patch is installed for the demo only.
   """
-  if flax_tieext.is_installed() or flax_tieext.is_native():
+  if flax_tieext.is_installed():
     yield
     return
   _status('flax_tieext: installing nn.tie and static_argnames into Flax for'

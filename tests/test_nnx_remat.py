@@ -193,7 +193,6 @@ def test_flax_nnx_remat_takes_static_argnames_under_the_patch():
 
 
 @needs_patch
-@pytest.mark.skipif(flax_tieext.is_native(), reason='native Flax: nothing to uninstall')
 def test_uninstall_gives_back_flax_nnx_remat():
   flax_tieext.uninstall()
   try:

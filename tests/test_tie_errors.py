@@ -270,9 +270,6 @@ def test_source_path_must_be_a_string():
   assert 'must be a str' in str(info.value)
 
 
-@pytest.mark.skipif(
-    flax_tieext.is_native(),
-    reason='native Flax: the Scope hooks are part of Flax; nothing to uninstall')
 def test_tie_without_the_scope_machinery_says_how_to_install():
   flax_tieext.uninstall()
   try:

@@ -24,9 +24,7 @@ is collected or imported, so test modules that bind ``nn.remat`` & co. at import
 time see the patched transforms. It is installed even when
 ``FLAX_TIEEXT_AUTOPATCH=0`` is set: asking for this plugin is asking for the
 patch. If the installed Flax cannot be patched, the run stops here with
-``flax_tieext.PatchError`` instead of silently testing unpatched Flax. On a
-Flax that has the features natively (``flax_tieext.is_native()``) there is
-nothing to patch, and the run goes ahead on that Flax.
+``flax_tieext.PatchError`` instead of silently testing unpatched Flax.
 """
 
 import flax_tieext
@@ -36,7 +34,7 @@ flax_tieext.install()
 
 def pytest_configure(config):
   del config  # unused
-  if not (flax_tieext.is_installed() or flax_tieext.is_native()):
+  if not flax_tieext.is_installed():
     raise RuntimeError(
         'flax_tieext.testing.autopatch: the flax_tieext patch is not installed'
         ' (something called flax_tieext.uninstall() while pytest was starting).'
@@ -48,6 +46,4 @@ def pytest_report_header(config):
   from flax_tieext import _compat  # pylint: disable=g-import-not-at-top
 
   flax = f'flax {_compat.FLAX_VERSION} (jax {_compat.JAX_VERSION})'
-  if flax_tieext.is_native():
-    return f'flax_tieext {flax_tieext.__version__}: {flax} has the features natively; nothing patched'
   return f'flax_tieext {flax_tieext.__version__}: patch installed into {flax}'
