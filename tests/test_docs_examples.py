@@ -21,10 +21,14 @@
   with its default option flags.
 * A block that is deliberately a fragment is preceded by the line
   ``<!-- fragment: why -->`` and is not run.
+* A page that needs a module some supported Flax releases lack says so in
+  its first lines, ``<!-- requires: flax.nnx.bridge -->``; where it cannot be
+  imported, the page's examples are skipped with that reason.
 
 Other fences (``text``, ``bash``, directives) are not Python.
 """
 
+import importlib
 import os
 import pathlib
 import re
@@ -58,18 +62,32 @@ def _examples():
   for page in PAGES:
     text = page.read_text()
     rel = page.relative_to(ROOT).as_posix()
+    marks = [pytest.mark.skip(reason=f'{rel} needs {module}, which this Flax'
+                              ' lacks')
+             for module in re.findall(r'<!-- requires: (\S+) -->', text)
+             if not _importable(module)]
     doctests = []
     for match in FENCE.finditer(text):
       if match['marker']:
         continue
       line = text.count('\n', 0, match.start('body')) + 1
       if match['lang'] == 'python':
-        params.append(pytest.param('python', match['body'], id=f'{rel}:{line}'))
+        params.append(pytest.param('python', match['body'], marks=marks,
+                                   id=f'{rel}:{line}'))
       else:
         doctests.append(match['body'])
     if doctests:
-      params.append(pytest.param('doctest', '\n'.join(doctests), id=f'{rel}:doctests'))
+      params.append(pytest.param('doctest', '\n'.join(doctests), marks=marks,
+                                 id=f'{rel}:doctests'))
   return params
+
+
+def _importable(module):
+  try:
+    importlib.import_module(module)
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return True
 
 
 def _run(args, source):

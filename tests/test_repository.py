@@ -21,6 +21,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -62,6 +64,8 @@ def test_readme_support_matrix_is_the_one_ci_tests():
 
 
 def test_every_nox_command_in_the_docs_names_a_session():
+  # nox is in the `test` extra; the matrix's environments leave it out.
+  pytest.importorskip('nox', reason='nox is not installed here')
   listing = subprocess.run(
       [sys.executable, '-m', 'nox', '-l', '--no-color'], cwd=ROOT,
       capture_output=True, text=True, check=True,
