@@ -12,7 +12,7 @@ passed as an argument) and compared on outputs, stored variables and
 gradients; never against numbers from a previous run.
 
 Most cases run with no transform and under ``nn.remat``,
-``nn_partitioning.remat`` and ``nn.jit`` applied to the blocks / the target
+``nn.partitioning.remat`` and ``nn.jit`` applied to the blocks / the target
 module (``WRAPS``); a comment says where a wrapper cannot apply.
 
 The conversion tests use only ``flax_tieext.tie_variables`` /
@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tie_wraps
+
 import flax_tieext
 from flax_tieext import TieError
 
@@ -41,12 +43,7 @@ needs_patch = pytest.mark.needs_patch
 D = 4
 N = 3
 
-WRAPS = {
-    'none': lambda cls: cls,
-    'remat': nn.remat,
-    'partitioning.remat': nn_partitioning.remat,
-    'jit': nn.jit,
-}
+WRAPS = tie_wraps.WRAPS
 ALL_WRAPS = sorted(WRAPS)
 
 X = jax.random.normal(jax.random.key(1), (2, D))

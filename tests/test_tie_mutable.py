@@ -8,25 +8,19 @@ one of the writes; these tests use order-sensitive updates to catch that.
 import functools
 
 import flax.linen as nn
-from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import tie_wraps
 
 import flax_tieext  # noqa: F401
 
 # nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
 pytestmark = pytest.mark.needs_patch
 
-WRAPS = {
-    'none': lambda cls: cls,
-    'remat': nn.remat,
-    'partitioning.remat': nn_partitioning.remat,
-    'jit': nn.jit,
-    'map_variables': lambda cls: nn.map_variables(
-        cls, 'params', lambda v: v, lambda v: v, init=True),
-}
+WRAPS = {**tie_wraps.WRAPS, **tie_wraps.MAP_VARIABLES}
 
 
 class Counter(nn.Module):

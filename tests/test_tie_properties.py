@@ -40,7 +40,6 @@ import functools
 import os
 
 import flax.linen as nn
-from flax.linen import partitioning as nn_partitioning
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -48,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import tie_wraps
 
 import flax_tieext  # noqa: F401
 
@@ -63,12 +64,7 @@ COLLECTIONS = ('params', 'graph', 'state')
 # cannot use it, because upstream Flax raises ScopeCollectionNotFound for a
 # module shared as an attribute into nn.map_variables while a collection is
 # mutable (with or without flax_tieext).
-WRAPS = {
-    'none': lambda cls: cls,
-    'remat': nn.remat,
-    'partitioning.remat': nn_partitioning.remat,
-    'jit': nn.jit,
-}
+WRAPS = dict(tie_wraps.WRAPS)
 if hasattr(nn, 'fold_rngs'):  # Flax >= 0.10
   WRAPS['fold_rngs'] = nn.fold_rngs
 # A stack's sites run in a loop: a shared module's variables are broadcast

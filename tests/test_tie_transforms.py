@@ -12,11 +12,12 @@ both nesting orders.
 import functools
 
 import flax.linen as nn
-from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import tie_wraps
 
 import flax_tieext  # noqa: F401
 
@@ -45,12 +46,8 @@ class Block(nn.Module):
 
 
 WRAPS = {
-    'none': lambda cls: cls,
-    'remat': nn.remat,
-    'partitioning.remat': nn_partitioning.remat,
-    'jit': nn.jit,
-    'map_variables': lambda cls: nn.map_variables(
-        cls, 'params', lambda v: v, lambda v: v, init=True),
+    **tie_wraps.WRAPS,
+    **tie_wraps.MAP_VARIABLES,
     'remat(jit)': lambda cls: nn.remat(nn.jit(cls)),
     'jit(remat)': lambda cls: nn.jit(nn.remat(cls)),
     'remat(remat)': lambda cls: nn.remat(nn.remat(cls)),
