@@ -26,7 +26,6 @@ import functools
 import re
 
 import flax.linen as nn
-from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np

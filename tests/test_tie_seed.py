@@ -1,7 +1,7 @@
 """The seed scenario of issue 3, end to end.
 
 A T5-style encoder shares one attention mask (collection ``graph``) between
-all its blocks. The blocks are rematted (``nn_partitioning.remat`` as HF
+all its blocks. The blocks are rematted (``nn.partitioning.remat`` as HF
 transformers does it, or ``nn.remat``). The reference is the same encoder
 without the tie, with the mask copied into every block: outputs must be equal,
 the gradient of the one stored mask must be the sum of the per-block
