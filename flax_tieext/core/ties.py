@@ -373,10 +373,11 @@ def _follow(scope, path: Path, col: str, below: int = -1) -> Path | None:
   root, best = scope.root, None
   lifted = col in root._variables and _is_within(path, root.path)  # pylint: disable=protected-access
   for t in ties_in_force(scope):
-    if (t.view is None and t.applies_to(col) and len(t.target) > below
+    if (t.view is None and len(t.target) > below
+        and (best is None or len(t.target) > len(best.target))
         and _is_within(path, t.target)
         and not (lifted and _is_within(root.path, t.target))
-        and (best is None or len(t.target) > len(best.target))):
+        and t.applies_to(col)):
       best = t
   return None if best is None else best.source + path[len(best.target):]
 
@@ -400,8 +401,9 @@ def _stored(scope, path: Path, col: str):
 
 def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
   """The innermost tie in force at ``scope`` whose target is (or holds) ``path``."""
-  found = [t for t in ties_in_force(scope) if t.applies_to(col) and (
-      t.target == path if exact else _is_within(path, t.target))]
+  found = [t for t in ties_in_force(scope) if (
+      t.target == path if exact else _is_within(path, t.target))
+           and t.applies_to(col)]
   return max(found, key=lambda t: len(t.target), default=None)
 
 
@@ -524,7 +526,8 @@ def _tied(scope, col: str, write: bool, original):
     if not crossed and (node or isinstance(node, dict)):  # not a placeholder
       scope._tie_borrowed = {**(borrowed or {}), col: node}  # pylint: disable=protected-access
   named = {t.target[-1]: t for t in ties_in_force(scope)
-           if t.target[:-1] == scope.path and t.applies_to(col)}
+           if len(t.target) == len(scope.path) + 1
+           and t.target[:-1] == scope.path and t.applies_to(col)}
   return _TiedCollection(scope, col, node, named) if named else node
 
 
