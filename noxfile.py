@@ -92,8 +92,8 @@ def _install(session, flax, *extra, no_deps=()):
   session.run('python', '-c', 'import flax, jax; print("flax", flax.__version__, "jax", jax.__version__)')
 
 
-def _pytest(session, run, *args, **kwargs):
-  """pytest writing `.nox/_reports/<session>/<run>.xml`; {test id: outcome}.
+def _pytest(session, run, *args, cwd=ROOT, **kwargs):
+  """pytest in `cwd` writing `.nox/_reports/<session>/<run>.xml`; {test id: outcome}.
 
   Fails the session (after printing the run's counts) if pytest fails.
   """
@@ -102,7 +102,8 @@ def _pytest(session, run, *args, **kwargs):
   xml.unlink(missing_ok=True)
   found = {}
   try:
-    session.run('python', '-m', 'pytest', f'--junitxml={xml}', *args, **kwargs)
+    with session.chdir(cwd):
+      session.run('python', '-m', 'pytest', f'--junitxml={xml}', *args, **kwargs)
   finally:
     if xml.exists():
       found = harness.outcomes(xml)
