@@ -28,7 +28,8 @@ import flax_tieext  # noqa: F401  (installs the features into Flax)
 import pytest
 
 # On Flax 0.10.7 with its pinned JAX, flax.nnx itself does not import.
-nnx = pytest.importorskip('flax.nnx', reason='flax.nnx does not import here')
+nnx = pytest.importorskip('flax.nnx', reason='flax.nnx does not import here',
+                          exc_type=ImportError)
 
 
 class RematStaticArgnamesTest(parameterized.TestCase):
