@@ -25,12 +25,14 @@ import functools
 import importlib.metadata
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 import warnings
 
 import flax
 import jax
+
+from flax_tieext.core import lift
 
 FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.version('flax')
 JAX_VERSION: str = jax.__version__
@@ -124,21 +126,36 @@ def _nnx_remat_aliases() -> tuple[tuple[Any, str], ...]:
 NNX_REMAT_ALIASES = _nnx_remat_aliases()
 
 
-def nnx_remat_decorator(**options) -> Callable[[Callable[..., Any]], Any]:
-  """Flax's own ``nnx.remat`` as a decorator taking ``options``.
+# Whether Flax's nnx.remat has graph and tree modes (graph=, graph_updates=),
+# as Flax main has: then flax_tieext.nnx.remat is Flax main's own with
+# static_argnames (flax_tieext/nnx/transforms/autodiff.py, PR 03 of
+# patches/main); without them, nnx_remat below.
+NNX_REMAT_MODES = NNX_REMAT is not None and 'graph_updates' in (
+    inspect.signature(NNX_REMAT).parameters)
 
-  Options that are ``None`` take Flax's defaults, resolved now as Flax
-  resolves them when ``nnx.remat`` is called: ``graph`` and ``graph_updates``
-  (newer releases only) from ``nnx.set_graph_mode`` / ``set_graph_updates``.
-  Flax's own decorator form is not used: it calls ``remat`` by its module
-  name, which the patch replaces.
+
+def nnx_remat(
+    f: Any = MISSING,
+    *,
+    prevent_cse: bool = True,
+    static_argnums: int | tuple[int, ...] = (),
+    static_argnames: str | Iterable[str] = (),
+    policy: Callable[..., bool] | None = None,
+) -> Any:
+  """``nnx.remat`` with ``static_argnames``, for an ``nnx.remat`` without modes.
+
+  Flax 0.8.5 to 0.12.0: the release's own ``nnx.remat``, called as Flax main's
+  calls its ``_remat``, with the static arguments resolved and closed over by
+  the same ``lift._StaticArgs`` and ``lift._with_static_args``. Used as a
+  decorator too, which Flax 0.8's ``nnx.remat`` is not.
   """
-  options = {k: v for k, v in options.items() if v is not None}
-  accepted = inspect.signature(NNX_REMAT).parameters
-  for option, setting in (
-      ('graph', 'set_graph_mode'), ('graph_updates', 'set_graph_updates')
-  ):
-    context = getattr(getattr(_nnx, 'graphlib', None), setting, None)
-    if option in accepted and option not in options and context is not None:
-      options[option] = context.current_value()
-  return functools.partial(NNX_REMAT, **options)
+  if isinstance(f, Missing):
+    return functools.partial(
+        nnx_remat, prevent_cse=prevent_cse, static_argnums=static_argnums,
+        static_argnames=static_argnames, policy=policy)
+  statics = lift._StaticArgs(  # pylint: disable=protected-access
+      f, static_argnums, static_argnames, transform='nnx.remat',
+      supplies_first=False)
+  return lift._with_static_args(  # pylint: disable=protected-access
+      functools.partial(NNX_REMAT, prevent_cse=prevent_cse, policy=policy),
+      f, statics)

@@ -81,13 +81,14 @@ def _as_static_argnames(static_argnames, transform):
   return names
 
 
-def _passed_signature(fn):
+def _passed_signature(fn, supplies_first=True):
   """Splits ``fn``'s signature into its leading parameter and the rest.
 
   The leading parameter is the one the transform supplies itself (the scope of
   a scope function, ``self`` of a Module method); the rest is what the caller
-  passes. A function whose signature cannot be inspected is treated as
-  ``(*args, **kwargs)``.
+  passes. With ``supplies_first=False`` the caller passes every argument and
+  there is no leading parameter. A function whose signature cannot be
+  inspected is treated as ``(*args, **kwargs)``.
   """
   import inspect  # pylint: disable=g-import-not-at-top
 
@@ -101,7 +102,7 @@ def _passed_signature(fn):
     ])
   params = list(signature.parameters.values())
   leading = None
-  if params and params[0].kind in (
+  if supplies_first and params and params[0].kind in (
       kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD
   ):
     leading = params.pop(0).name
@@ -150,7 +151,10 @@ class _StaticArgs:
   All error messages about static arguments are written here, in the terms of
   the transform the user called (``transform``) and its numbering of
   ``static_argnums`` (``first_index`` is the index of the first argument the
-  caller passes: 1 when ``self`` counts as 0, else 0).
+  caller passes: 1 when ``self`` counts as 0, else 0). A transform that passes
+  every argument on, none of its own, such as ``nnx.remat``, sets
+  ``supplies_first=False``: then the first parameter of ``fn`` is an argument
+  like any other, numbered 0.
   """
 
   def __init__(
@@ -162,6 +166,7 @@ class _StaticArgs:
       transform: str = 'lift.checkpoint',
       first_index: int = 0,
       strict: bool = True,
+      supplies_first: bool = True,
   ):
     import inspect  # pylint: disable=g-import-not-at-top
 
@@ -171,7 +176,9 @@ class _StaticArgs:
     fn_name = getattr(fn, '__qualname__', None) or getattr(fn, '__name__', None)
     # 'Model.__call__', without the '<locals>' of a class defined in a function
     self.fn_name = (fn_name or type(fn).__name__).split('<locals>.')[-1]
-    self.leading, self.signature, full_signature = _passed_signature(fn)
+    self.leading, self.signature, full_signature = _passed_signature(
+        fn, supplies_first
+    )
     self.display = f'{self.fn_name}{full_signature}'
     params = self.signature.parameters.values()
     self.positional = [
@@ -661,6 +668,45 @@ class _StaticArgs:
         error.args = (f'{error.args[0]}\n\n{note}',) + error.args[1:]
 
 
+def _with_static_args(transform, fn, statics):
+  """``transform(fn)``, with the static arguments of each call closed over.
+
+  For a transform that passes every argument of ``fn`` on, such as
+  ``nnx.remat``. Without static arguments this is ``transform(fn)``. With
+  them, each call splits its static values off (``statics.split``) and calls
+  ``transform`` on a new function closed over them, which the transform
+  traces for those values, as ``checkpoint`` does.
+
+  Args:
+    transform: a function transform without static arguments of its own.
+    fn: the function to transform.
+    statics: the ``_StaticArgs`` of ``fn``.
+
+  Returns:
+    ``fn`` transformed, taking the arguments ``fn`` takes.
+  """
+  transformed = transform(fn)
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    call = transformed
+    if statics.any:
+      static, args, kwargs = statics.split(args, kwargs)
+
+      def static_bound(*dynamic_args, **dynamic_kwargs):
+        args, kwargs = statics.merge(static, dynamic_args, dynamic_kwargs)
+        return fn(*args, **kwargs)
+
+      call = transform(static_bound)
+    try:
+      return call(*args, **kwargs)
+    except jax.errors.ConcretizationTypeError as e:
+      statics.explain_concretization_error(e, args, kwargs)
+      raise
+
+  return wrapper
+
+
 def _raise_if_unresolved_everywhere(specs):
   """Raises for a static argument that none of the wrapped methods takes.
 
@@ -1066,7 +1112,7 @@ def tie(
 
     >>> import jax, jax.numpy as jnp
     >>> from flax.core import init, apply, nn as core_nn
-    >>> from flax_tieext import lift
+    >>> from flax.core import lift
     ...
     >>> def two_layers(scope, x):
     ...   x = scope.child(core_nn.dense, 'a')(x, 3)

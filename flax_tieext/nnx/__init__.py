@@ -16,8 +16,17 @@
 
 ``flax_tieext.nnx.remat`` is ``nnx.remat`` with ``static_argnames``; it
 behaves exactly as ``flax.nnx.remat`` does once the patch is installed,
-whether or not it is. Ties need no transform in NNX: a module used at two
-places *is* shared (see ``docs/nnx.md``).
+whether or not it is. Where the installed Flax's ``nnx.remat`` has graph and
+tree modes it is Flax main's own (``transforms/autodiff.py``, which moves into
+Flax verbatim); on older releases, ``flax_tieext._compat.nnx_remat``. Ties
+need no transform in NNX: a module used at two places *is* shared (see
+``docs/nnx.md``).
 """
 
-from flax_tieext.nnx.transforms.autodiff import remat as remat
+from flax_tieext import _compat
+
+if _compat.NNX_REMAT_MODES:
+  # pylint: disable-next=g-import-not-at-top
+  from flax_tieext.nnx.transforms.autodiff import remat as remat
+else:
+  remat = _compat.nnx_remat
