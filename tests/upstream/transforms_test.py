@@ -104,6 +104,8 @@ class RematStaticArgnamesTest(parameterized.TestCase):
     np.testing.assert_allclose(
       model(x, deterministic=True), reference(x, deterministic=True)
     )
+    np.testing.assert_allclose(model(x, True), reference(x, True))
+    np.testing.assert_allclose(model(x), reference(x))  # dropout on
 
   def test_static_values_are_closed_over_per_call(self):
     traces = []
