@@ -30,7 +30,7 @@ from flax_tieext import core as core
 from flax_tieext import linen as linen
 from flax_tieext import nnx as nnx
 from flax_tieext.core import lift as lift
-from flax_tieext.core.ties import TieError as TieError
+from flax_tieext.errors import TieError as TieError
 from flax_tieext.core.tie_convert import tie_variables as tie_variables
 from flax_tieext.core.tie_convert import untie_variables as untie_variables
 from flax_tieext._patch import PatchError as PatchError

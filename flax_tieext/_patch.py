@@ -24,6 +24,7 @@ deletes attributes Flax never had, such as ``flax.linen.tie``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from typing import Any, Callable
@@ -32,6 +33,7 @@ import warnings
 import flax.core.lift as _core_lift
 
 from flax_tieext import _compat
+from flax_tieext import errors
 
 AUTOPATCH_ENV = 'FLAX_TIEEXT_AUTOPATCH'
 # Where the record of originals lives: an attribute of flax.core.lift, so that
@@ -73,8 +75,10 @@ def _bindings() -> list[_Binding]:
   import flax.linen.transforms as linen_transforms  # pylint: disable=g-import-not-at-top
 
   from flax_tieext.core import lift  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import tie_convert  # pylint: disable=g-import-not-at-top
   from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import partitioning as our_partitioning  # pylint: disable=g-import-not-at-top
+  from flax_tieext import linen as our_linen  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
   from flax_tieext.nnx import remat as nnx_remat  # pylint: disable=g-import-not-at-top
 
@@ -95,8 +99,10 @@ def _bindings() -> list[_Binding]:
         for owner, attr in _compat.NNX_REMAT_ALIASES),
       # tie: the new transforms ...
       _Binding(_core_lift, 'tie', use(lift.tie)),
-      _Binding(linen_transforms, 'tie', use(transforms.tie)),
-      _Binding(nn, 'tie', use(transforms.tie)),
+      _Binding(linen_transforms, 'tie', use(our_linen.tie)),
+      _Binding(nn, 'tie', use(our_linen.tie)),
+      _Binding(flax_core, 'tie_variables', use(tie_convert.tie_variables)),
+      _Binding(flax_core, 'untie_variables', use(tie_convert.untie_variables)),
       # ... and the shared scope machinery they take part in.
       _Binding(_core_lift, '_partial_pack',
                _compat.adapt_partial_pack(lift._partial_pack)),
@@ -188,6 +194,24 @@ def uninstall() -> None:
       return
     _restore(record)
     delattr(_core_lift, _STATE_ATTR)
+
+
+def requires_install(tie_transform: Callable[..., Any]) -> Callable[..., Any]:
+  """``tie_transform``, refused while the patch is not installed.
+
+  A tie lives in Flax's ``Scope`` and ``_partial_pack``, which only the
+  installed patch makes tie-aware; without them it would silently not hold.
+  """
+  @functools.wraps(tie_transform)
+  def guarded(*args, **kwargs):
+    if not is_installed():
+      raise errors.TieError(
+          f'{tie_transform.__name__} needs the tie-aware Scope machinery, which'
+          f' is not installed in Flax ({AUTOPATCH_ENV}=0 was set, or'
+          ' flax_tieext.uninstall() was called). Call flax_tieext.install()'
+          ' first.')
+    return tie_transform(*args, **kwargs)
+  return guarded
 
 
 def autopatch() -> None:

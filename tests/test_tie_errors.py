@@ -273,9 +273,8 @@ def test_source_path_must_be_a_string():
 def test_tie_without_the_scope_machinery_says_how_to_install():
   flax_tieext.uninstall()
   try:
-    tied = flax_tieext.linen.tie(Blocks, {'block_1': 'block_0'})
     with pytest.raises(TieError) as info:
-      init(tied)
+      init(flax_tieext.linen.tie(Blocks, {'block_1': 'block_0'}))
     assert 'flax_tieext.install()' in str(info.value)
   finally:
     flax_tieext.install()

@@ -29,8 +29,8 @@ import jax
 import numpy as np
 
 from flax.core.scope import CollectionFilter
-from flax_tieext.core import ties as ties_lib
-from flax_tieext.core.ties import TieError
+from flax_tieext.core import tie_spec
+from flax_tieext.errors import TieError
 
 _ABSENT = object()
 
@@ -49,9 +49,9 @@ def tie_variables(
   Example::
 
     >>> import jax.numpy as jnp
-    >>> import flax_tieext
+    >>> from flax.core import tie_variables
     >>> untied = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}}}
-    >>> flax_tieext.tie_variables(untied, {'b': 'a'})
+    >>> tie_variables(untied, {'b': 'a'})
     {'params': {'a': {'w': Array([1., 1.], dtype=float32)}}}
 
   Args:
@@ -70,7 +70,7 @@ def tie_variables(
   """
   out = _unfreeze(variables)
   for tie, col, expected in _viewed_sources(out, ties, collections, 'tie'):
-    target = ties_lib.walk(out[col], tie.target)
+    target = tie_spec.walk(out[col], tie.target)
     if target is not None:
       _check_equal(tie, col, target, expected)
       out[col] = _with_path(out[col], tie.target, _ABSENT)
@@ -91,9 +91,9 @@ def untie_variables(
   Example::
 
     >>> import jax.numpy as jnp
-    >>> import flax_tieext
+    >>> from flax.core import untie_variables
     >>> tied = {'params': {'a': {'w': jnp.ones(2)}}}
-    >>> flax_tieext.untie_variables(tied, {'b': 'a'})['params']['b']
+    >>> untie_variables(tied, {'b': 'a'})['params']['b']
     {'w': Array([1., 1.], dtype=float32)}
 
   Args:
@@ -119,31 +119,31 @@ def _viewed_sources(tree, ties, collections, verb):
 
   Skips the collections in which neither path of the tie holds anything.
   """
-  for tie in ties_lib.normalize(ties, collections, ()):
+  for tie in tie_spec.normalize(ties, collections, ()):
     for col in [c for c in tree if tie.applies_to(c)]:
-      source = ties_lib.walk(tree[col], tie.source)
+      source = tie_spec.walk(tree[col], tie.source)
       if source is None:
-        if ties_lib.walk(tree[col], tie.target) is None:
+        if tie_spec.walk(tree[col], tie.target) is None:
           continue
         raise TieError(
-            f'Cannot {verb} {ties_lib.text(tie.target)} and'
-            f' {ties_lib.text(tie.source)} in collection {col!r}: the target'
+            f'Cannot {verb} {tie_spec.text(tie.target)} and'
+            f' {tie_spec.text(tie.source)} in collection {col!r}: the target'
             ' is present but the source is missing from the variables.'
-            + ties_lib.nearest(tree[col], tie.source)
+            + tie_spec.nearest(tree[col], tie.source)
             + ' Fix the source path in the ties.'
         )
       yield tie, col, jax.tree_util.tree_map(
-          lambda x, tie=tie: ties_lib.apply_view(tie, x), source,
-          is_leaf=ties_lib.is_box)
+          lambda x, tie=tie: tie_spec.apply_view(tie, x), source,
+          is_leaf=tie_spec.is_box)
 
 
 def _check_equal(tie, col: str, target, expected):
   """Raises unless a stored target equals what its source gives it."""
-  what = (f'Cannot tie {ties_lib.text(tie.target)} to'
-          f' {ties_lib.text(tie.source)} in collection {col!r}:')
+  what = (f'Cannot tie {tie_spec.text(tie.target)} to'
+          f' {tie_spec.text(tie.source)} in collection {col!r}:')
   (xs, x_def), (ys, y_def) = (
-      jax.tree_util.tree_flatten(target, is_leaf=ties_lib.is_box),
-      jax.tree_util.tree_flatten(expected, is_leaf=ties_lib.is_box))
+      jax.tree_util.tree_flatten(target, is_leaf=tie_spec.is_box),
+      jax.tree_util.tree_flatten(expected, is_leaf=tie_spec.is_box))
   if x_def != y_def:
     raise TieError(f'{what} they hold different variables ({x_def} vs'
                    f' {y_def}).')
@@ -152,7 +152,7 @@ def _check_equal(tie, col: str, target, expected):
     if x_names != y_names:
       raise TieError(f'{what} their partitioning names differ ({x_names} vs'
                      f' {y_names}).')
-    x, y = np.asarray(ties_lib.unbox(x)), np.asarray(ties_lib.unbox(y))
+    x, y = np.asarray(tie_spec.unbox(x)), np.asarray(tie_spec.unbox(y))
     if x.shape != y.shape or x.dtype != y.dtype:
       raise TieError(f'{what} shape or dtype differ ({x.shape}:{x.dtype} vs'
                      f' {y.shape}:{y.dtype}).')

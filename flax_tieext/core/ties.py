@@ -46,19 +46,32 @@ target is used. The rules, each stated once:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jax
-import numpy as np
 
 from flax.core import meta
 from flax.core.frozen_dict import FrozenDict
+from flax_tieext import errors
+from flax_tieext.core.tie_spec import (
+    Path,
+    Tie,
+    apply_view,
+    check_like,
+    did_you_mean,
+    flatten,
+    is_box,
+    is_within,
+    named_collections,
+    nearest,
+    text,
+    tie_error,
+    walk,
+)
 
 TIES_FLAG = '__ties__'
-Path = tuple[str, ...]
 
 # What a transform does with the variables it lifts decides what it does with a
 # tie source outside it. ``pack`` does not record it, so it is stated here, by
@@ -68,157 +81,9 @@ _DIFFERENTIATES = frozenset({'vjp', 'jvp', 'value_and_grad', 'custom_vjp'})
 _CACHES_TRACES = frozenset({'jit'})  # a closed-over value would go stale
 
 
-class TieError(ValueError):
-  """A tie that cannot be declared, resolved, or written through.
-
-  The message says what happened, names the tie (target, source, collection,
-  declaring module) and what was found nearby, then how to fix it.
-  """
-
-
-@dataclasses.dataclass(frozen=True)
-class Tie:
-  """One tie, as recorded in scope flags (paths are absolute)."""
-
-  target: Path
-  source: Path
-  collections: Any  # a hashable collection filter
-  view: Callable[[Any], Any] | None
-  declared_at: Path
-  used: set = dataclasses.field(default_factory=set, compare=False,
-                                repr=False)  # collections read across a lift
-
-  def applies_to(self, col: str) -> bool:
-    return in_filter(self.collections, col)
-
-  def describe(self, col: str | None = None) -> str:
-    viewed = ' (viewed)' if self.view is not None else ''
-    names = _named(self.collections)
-    cols = (f'in collection {col!r}' if col is not None else
-            f'for collection {names[0]!r}' if len(names) == 1 else
-            f'for collections {", ".join(map(repr, names)) or self.collections}')
-    return (f'tie {text(self.target)} -> {text(self.source)}{viewed} {cols},'
-            f' declared at {text(self.declared_at)}')
-
-
-def in_filter(f, col: str) -> bool:
-  from flax.core import scope  # pylint: disable=g-import-not-at-top
-  return scope.in_filter(f, col)
-
-
-def text(path) -> str:
-  return '/' + '/'.join(path)
-
-
-def _is_within(path: Path, prefix: Path) -> bool:
-  return path[: len(prefix)] == prefix
-
-
-def _fail(what: str, *options: str) -> TieError:
-  """A TieError: what happened, then numbered options (only those that apply)."""
-  options = [o for o in options if o]
-  if len(options) == 1:
-    return TieError(f'{what}\n\nTo fix it: {options[0]}')
-  listed = ''.join(f'\n  {i}. {o}' for i, o in enumerate(options, 1))
-  return TieError(f'{what}\n\nOptions:{listed}' if options else what)
-
-
-def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
-  """Names that exist where ``path`` stops matching ``tree``, nearest first."""
-  node, depth = tree, 0
-  for name in path:
-    if not isinstance(node, Mapping) or name not in node:
-      break
-    node, depth = node[name], depth + 1
-  if depth == len(path):
-    return ''
-  names = sorted(node) if isinstance(node, Mapping) else []
-  near = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
-  where = text(base + path[:depth])
-  if near:
-    return f' Nearest existing names under {where}: {", ".join(near)}.'
-  return f' Names that exist under {where}: {", ".join(names) or "none"}.'
-
-
 # ---------------------------------------------------------------------------
 # Declaring ties
 # ---------------------------------------------------------------------------
-
-
-def _parse_path(path: Any, decl: Path, what: str) -> Path:
-  if not isinstance(path, str):
-    raise TieError(
-        f'The {what} path of a tie declared at {text(decl)} must be a str, got'
-        f' {type(path).__name__} {path!r}. Write paths as "/"-separated module'
-        ' names, e.g. "block_1/attn", "head/kernel", "." or "/encoder/embed".')
-  out = [] if path.startswith('/') else list(decl)
-  for part in path.split('/'):
-    if part == '..':
-      if not out:
-        raise TieError(f'The {what} path {path!r} of a tie declared at'
-                       f' {text(decl)} goes above the root module.')
-      out.pop()
-    elif part not in ('', '.'):
-      out.append(part)
-  return tuple(out)
-
-
-def normalize(ties: Mapping[str, Any], collections: Any,
-              declared_at: Path) -> tuple[Tie, ...]:
-  """Resolves user-written ties declared at ``declared_at`` to :class:`Tie`s.
-
-  Chains (``a -> b``, ``b -> c``) resolve to their end (``a -> c``); self-ties,
-  cycles and ties between a module and its own ancestor are refused.
-  """
-  from flax.core import lift  # pylint: disable=g-import-not-at-top
-  if not isinstance(ties, Mapping):
-    raise TieError('ties must be a mapping from target path to source path'
-                   f' (or to (source path, view_fn)), got {type(ties).__name__}.')
-  raw: dict[Path, tuple[Path, Any, str]] = {}
-  for target_text, spec in ties.items():
-    view = None
-    if isinstance(spec, tuple):
-      if len(spec) != 2 or not callable(spec[1]):
-        raise TieError(
-            f'The source of tie {target_text!r} (declared at'
-            f' {text(declared_at)}) must be a path, or a (path, view_fn)'
-            f' pair, got {spec!r}.')
-      spec, view = spec
-    target = _parse_path(target_text, declared_at, 'target')
-    source = _parse_path(spec, declared_at, 'source')
-    if target == source:
-      raise TieError(
-          f'Tie {target_text!r} -> {spec!r} declared at {text(declared_at)}'
-          f' ties {text(target)} to itself. A tie needs two distinct paths:'
-          ' remove it, or name the module whose variables should be shared.')
-    raw[target] = (source, view, target_text)
-  resolved = []
-  for target, (source, view, target_text) in raw.items():
-    seen = [target]
-    while source in raw:
-      if source in seen:
-        raise TieError(
-            f'The ties declared at {text(declared_at)} form a cycle: '
-            + ' -> '.join(text(p) for p in seen + [source])
-            + '. Every chain of ties must end at a stored path: pick one of'
-            ' them as the source and tie the others to it.')
-      seen.append(source)
-      source, next_view, _ = raw[source]
-      if next_view is not None:
-        view = next_view if view is None else _compose(view, next_view)
-    for a, b in ((target, source), (source, target)):
-      if _is_within(a, b):
-        raise TieError(
-            f'Tie {target_text!r} declared at {text(declared_at)}: {text(a)}'
-            f' lies inside {text(b)}. A module cannot share the variables of'
-            ' its own ancestor or descendant; tie two sibling paths instead.')
-    resolved.append(Tie(target, source, lift._hashable_filter(collections),  # pylint: disable=protected-access
-                        view, tuple(declared_at)))
-  return tuple(resolved)
-
-
-def _compose(outer, inner):
-  return lambda x: outer(inner(x))
 
 
 def ties_in_force(scope) -> tuple[Tie, ...]:
@@ -227,11 +92,6 @@ def ties_in_force(scope) -> tuple[Tie, ...]:
 
 def declare(scope, ties: tuple[Tie, ...]):
   """Returns a scope like ``scope`` (a rewound copy) with ``ties`` in force."""
-  if not hasattr(type(scope), '_tie_lift'):
-    raise TieError(
-        'tie needs the tie-aware Scope machinery, which is not installed in'
-        ' Flax (FLAX_TIEEXT_AUTOPATCH=0 was set, or flax_tieext.uninstall()'
-        ' was called). Call flax_tieext.install() first.')
   scope._check_valid()  # pylint: disable=protected-access
   if not scope.get_flag('initializing', False):
     _check_apply_variables(scope, ties)
@@ -255,37 +115,24 @@ def _check_apply_variables(scope, ties):
     for col in [c for c in given if tie.applies_to(c)]:
       node = walk(given[col], tie.target[len(scope.root.path):])
       if node is not None and node != {}:
-        raise _fail(
+        raise tie_error(
             f'Values were given for {text(tie.target)} in collection {col!r},'
             f' but it is the target of the {tie.describe()}: only the source'
             f' {text(tie.source)} is stored, so they would be ignored.',
             'Convert variables saved from an untied model with'
-            ' flax_tieext.tie_variables(variables, ties), which checks that'
+            ' tie_variables(variables, ties), which checks that'
             ' each target equals its source and removes it.')
     if scope.root._tie_lift is not None:  # pylint: disable=protected-access
       continue  # inside a transform, only the lifted collections are here
-    for col in _named(tie.collections):
+    for col in named_collections(tie.collections):
       if col not in given and not scope.is_mutable_collection(col):
-        raise _fail(
+        raise tie_error(
             f'The {tie.describe()} ties collection {col!r}, but the variables'
             f' have no collection {col!r} and it is not mutable (collections'
             f' given: {", ".join(map(repr, given)) or "none"}).'
-            + _did_you_mean(col, given),
+            + did_you_mean(col, given),
             f'Pass it to apply: variables={{..., {col!r}: ...}}.',
             f'Make it mutable: apply(..., mutable=[{col!r}]).')
-
-
-def _named(f) -> tuple[str, ...]:
-  if isinstance(f, str):
-    return (f,)
-  if isinstance(f, tuple) and all(isinstance(x, str) for x in f):
-    return f
-  return ()
-
-
-def _did_you_mean(name, names) -> str:
-  near = difflib.get_close_matches(name, list(names), n=1)
-  return f' Did you mean {near[0]!r}?' if near else ''
 
 
 # ---------------------------------------------------------------------------
@@ -315,14 +162,14 @@ def _reach(scope, path: Path, rngs: bool = False):
   while scope is not None:
     s = scope
     while s is not None:
-      if _is_within(path, s.path):
+      if is_within(path, s.path):
         return s, tuple(crossed)
       s = s.parent
     lift = scope.root._tie_lift  # pylint: disable=protected-access
     if lift is None:
       break
     for sib in lift.siblings:
-      if sib is scope.root or not _is_within(path, sib.path):
+      if sib is scope.root or not is_within(path, sib.path):
         continue
       info = sib._tie_lift  # pylint: disable=protected-access
       if rngs or not info.closure:
@@ -356,9 +203,10 @@ def locate(scope, path: Path, col: str, rngs: bool = False):
         return base, path[len(base.path):], crossed
       scope = base
     if new in seen:
-      raise TieError('Ties declared at different modules form a cycle: '
-                     + ' -> '.join(text(p) for p in seen + [new])
-                     + f' (collection {col!r}). Pick one stored source.')
+      raise errors.TieError(
+          'Ties declared at different modules form a cycle: '
+          + ' -> '.join(text(p) for p in seen + [new])
+          + f' (collection {col!r}). Pick one stored source.')
     seen.append(new)
     path = new
 
@@ -371,23 +219,15 @@ def _follow(scope, path: Path, col: str, below: int = -1) -> Path | None:
   data is the source's.
   """
   root, best = scope.root, None
-  lifted = col in root._variables and _is_within(path, root.path)  # pylint: disable=protected-access
+  lifted = col in root._variables and is_within(path, root.path)  # pylint: disable=protected-access
   for t in ties_in_force(scope):
     if (t.view is None and len(t.target) > below
         and (best is None or len(t.target) > len(best.target))
-        and _is_within(path, t.target)
-        and not (lifted and _is_within(root.path, t.target))
+        and is_within(path, t.target)
+        and not (lifted and is_within(root.path, t.target))
         and t.applies_to(col)):
       best = t
   return None if best is None else best.source + path[len(best.target):]
-
-
-def walk(node, names):
-  for name in names:
-    if not isinstance(node, Mapping) or name not in node:
-      return None
-    node = node[name]
-  return node
 
 
 def _stored(scope, path: Path, col: str):
@@ -402,7 +242,7 @@ def _stored(scope, path: Path, col: str):
 def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
   """The innermost tie in force at ``scope`` whose target is (or holds) ``path``."""
   found = [t for t in ties_in_force(scope) if (
-      t.target == path if exact else _is_within(path, t.target))
+      t.target == path if exact else is_within(path, t.target))
            and t.applies_to(col)]
   return max(found, key=lambda t: len(t.target), default=None)
 
@@ -419,9 +259,10 @@ def _storage(scope, tie: Tie, col: str, write: bool):
   base, rest, crossed = locate(
       scope, tie.source + scope.path[len(tie.target):], col)
   if base is None:
-    raise _fail(f'Cannot reach the source of the {tie.describe(col)} from'
-                f' {scope.path_text}.',
-                'Declare the tie at a module that contains both paths.')
+    raise tie_error(
+        f'Cannot reach the source of the {tie.describe(col)} from'
+        f' {scope.path_text}.',
+        'Declare the tie at a module that contains both paths.')
   lifted_target = (scope.parent is None and scope.path == tie.target
                    and scope.is_mutable_collection(col))
   if (crossed and lifted_target) or (
@@ -441,8 +282,8 @@ def _storage(scope, tie: Tie, col: str, write: bool):
   node = walk(base._collection(col), rest)  # pylint: disable=protected-access
   if write or not node:
     what = 'A write to' if write else 'Initializing'
-    inside = _is_within(tie.declared_at, scope.root.path)
-    raise _fail(
+    inside = is_within(tie.declared_at, scope.root.path)
+    raise tie_error(
         f'{what} {text(tie.target)} in collection {col!r} cannot land in its'
         f' source {text(tie.source)}: the {tie.describe(col)} is used inside'
         f' {" and ".join(crossed)} at {scope.path_text}, and the source lies'
@@ -459,7 +300,7 @@ def _refuse_stale(scope, tie: Tie, col: str, crossed):
   """A closed-over source inside a transform that caches its trace is stale."""
   where = next((t for t in crossed if t in _CACHES_TRACES), None)
   if where is not None:
-    raise _fail(
+    raise tie_error(
         f'The {tie.describe(col)} is used inside nn.{where} at'
         f' {scope.path_text}, but its source lies outside that {where} and was'
         f' not lifted into it (the tie is declared inside the {where}): the'
@@ -478,7 +319,7 @@ def _missing(scope, tie: Tie, col: str):
   if scope.is_mutable_collection(col):
     return FrozenDict()
   stored = _stored(scope, (), col) or {}
-  raise _fail(
+  raise tie_error(
       f'The source {text(tie.source)} of the {tie.describe(col)} is not'
       f' stored (looked up from {scope.path_text}).'
       + nearest(stored, tie.source[len(scope.root.path):], scope.root.path),
@@ -632,7 +473,7 @@ class _TiedCollection(MutableMapping):
       return
     parent, key = where
     if key in parent:
-      _check_like(self._ties[name], self._col, parent[key], value)
+      check_like(self._ties[name], self._col, parent[key], value)
     parent[key] = value
 
   def __delitem__(self, name):
@@ -645,30 +486,13 @@ class _TiedCollection(MutableMapping):
     return len(self._own)
 
 
-def _read_only(tie: Tie, col: str, scope) -> TieError:
-  return _fail(
+def _read_only(tie: Tie, col: str, scope) -> errors.TieError:
+  return tie_error(
       f'Cannot write to {text(tie.target)} in collection {col!r} at'
       f' {scope.path_text}: the {tie.describe(col)} gives a derived,'
       ' read-only view of the source.',
       f'Write to the source {text(tie.source)} instead.',
       'Tie without a view_fn.')
-
-
-def _check_like(tie: Tie, col: str, existing, value):
-  """Raises unless ``value`` has the shapes and dtypes of ``existing``."""
-  def specs(tree):
-    return [(tuple(np.shape(x)), np.dtype(getattr(x, 'dtype', None)
-                                          or np.result_type(x)))
-            for x in jax.tree_util.tree_leaves(meta.unbox(tree))]
-  if specs(existing) != specs(value):
-    shapes = lambda t: ', '.join(f'{s}:{d}' for s, d in specs(t))
-    raise _fail(
-        f'Shape or dtype mismatch in the {tie.describe(col)}: the source'
-        f' {text(tie.source)} has {shapes(existing)}, but {text(tie.target)}'
-        f' has {shapes(value)}. Tied paths must hold variables of the same'
-        ' shape and dtype.',
-        'Tie paths that hold variables of the same shape and dtype.',
-        'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
 
 
 # ---------------------------------------------------------------------------
@@ -691,9 +515,9 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
   extra, paths = [], set()
   for scope in scopes:
     for tie in ties_in_force(scope):
-      if not _is_within(tie.target, scope.path):
+      if not is_within(tie.target, scope.path):
         continue
-      col = next((c for c in ('params', *_named(tie.collections),
+      col = next((c for c in ('params', *named_collections(tie.collections),
                               *scope.root._variables)  # pylint: disable=protected-access
                   if tie.applies_to(c)), 'params')
       base, rest, crossed = locate(scope, tie.source, col, rngs=True)
@@ -707,8 +531,8 @@ def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
         continue  # nothing stored yet: the target initializes its own copy
       if not isinstance(node, Mapping):
         path = path[:-1]  # a variable: lift its module
-      if path in paths or any(_is_within(path, s.path) for s in scopes) or (
-          rngs_only and any(_is_within(s.path, path) for s in scopes)):
+      if path in paths or any(is_within(path, s.path) for s in scopes) or (
+          rngs_only and any(is_within(s.path, path) for s in scopes)):
         continue
       base, _ = _reach(scope, path, rngs=True)
       for name in path[len(base.path):]:
@@ -740,7 +564,7 @@ def lifted_variables(scope, scopes) -> Mapping[str, Any]:
     node = (scope._tie_borrowed or {}).get(col)  # pylint: disable=protected-access
     base, rest, _ = locate(scope, scope.path, col)
     if node is not None and not any(
-        _is_within(base.path + rest, s.path) for s in scopes):
+        is_within(base.path + rest, s.path) for s in scopes):
       out[col] = node
   return out
 
@@ -792,14 +616,14 @@ def check_init(scope, ties: tuple[Tie, ...]):
     return
   present = _collections(scope)
   for tie in ties:
-    names = _named(tie.collections)
+    names = named_collections(tie.collections)
     for col in names:
-      if col not in present and (len(names) == 1 or _did_you_mean(col, present)):
-        raise _fail(
+      if col not in present and (len(names) == 1 or did_you_mean(col, present)):
+        raise tie_error(
             f'The {tie.describe()} ties collection {col!r}, but init created'
             f' no collection {col!r} (it created'
             f' {", ".join(map(repr, sorted(present))) or "none"}).'
-            + _did_you_mean(col, present),
+            + did_you_mean(col, present),
             'Fix the collection name in collections=.')
     found = False
     for col in sorted(c for c in present if tie.applies_to(c)):
@@ -811,7 +635,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
       _refuse_stale(scope, tie, col, crossed)
       source = walk(_stored(base, base.path, col), rest) if base else None
       if source is None:
-        raise _fail(
+        raise tie_error(
             f'The source {text(tie.source)} of the {tie.describe(col)} does'
             f' not exist: nothing was stored there while initializing.'
             + nearest(_stored(scope, (), col) or {}, tie.source),
@@ -826,14 +650,14 @@ def check_init(scope, ties: tuple[Tie, ...]):
       continue
     if any(_stored(scope, tie.target, c) is not None for c in present):
       cols = ', '.join(repr(c) for c in sorted(present) if tie.applies_to(c))
-      raise _fail(
+      raise tie_error(
           f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
           f' {text(tie.source)} holds any variable in {cols or "those"}'
           ' collections while initializing.',
           'Tie the collections the two modules hold (collections=...).',
           'Tie the modules that hold the collection.')
     else:
-      raise _fail(
+      raise tie_error(
           f'The target {text(tie.target)} of the {tie.describe()} does not'
           ' exist: no module or variable was created there while'
           ' initializing.'
@@ -847,17 +671,17 @@ def _check_copy(tie: Tie, col: str, copy, source):
   """Raises unless ``copy`` could be read from ``source`` (through the view)."""
   if isinstance(copy, Mapping) != isinstance(source, Mapping):
     kind = lambda x: 'a module' if isinstance(x, Mapping) else 'a variable'
-    raise _fail(
+    raise tie_error(
         f'In the {tie.describe(col)}, the target is {kind(copy)} but the'
         f' source is {kind(source)}.',
         'Tie a module to a module, or a variable to a variable (e.g.'
         f' "{text(tie.target[1:])}/kernel": "{text(tie.source[1:])}/kernel").')
   viewed = source if tie.view is None else jax.eval_shape(
       lambda s: apply_view(tie, s), meta.unbox(source))
-  flat_source = dict(_flat(viewed))
-  for path, leaf in _flat(copy):
+  flat_source = dict(flatten(viewed))
+  for path, leaf in flatten(copy):
     if path not in flat_source:
-      raise _fail(
+      raise tie_error(
           f'The target {text(tie.target + path)} of the {tie.describe(col)}'
           f' has no counterpart in the source: {text(tie.source + path)} is'
           ' not stored.' + nearest(source if isinstance(source, Mapping)
@@ -865,64 +689,7 @@ def _check_copy(tie: Tie, col: str, copy, source):
           'Fix the source path: a target may only use variables its source'
           ' has.',
           'Tie modules of the same structure.')
-    _check_like(dataclasses.replace(tie, target=tie.target + path,
-                                    source=tie.source + path),
-                col, flat_source[path], leaf)
+    check_like(dataclasses.replace(tie, target=tie.target + path,
+                                   source=tie.source + path),
+               col, flat_source[path], leaf)
 
-
-def _flat(tree, prefix=()):
-  if isinstance(tree, Mapping):
-    for k, v in tree.items():
-      yield from _flat(v, prefix + (k,))
-  else:
-    yield prefix, tree
-
-
-# ---------------------------------------------------------------------------
-# Views and partitioning metadata
-# ---------------------------------------------------------------------------
-
-
-def is_box(x) -> bool:
-  return isinstance(x, meta.AxisMetadata)
-
-
-def unbox(x):
-  return x.unbox() if is_box(x) else x
-
-
-def apply_view(tie: Tie, value):
-  """``tie.view(value)``; on a partitioned box, the axis names follow the axes.
-
-  Raises a TieError when the view moves a named axis in a way that cannot be
-  followed (e.g. a reshape), rather than keep names that no longer fit.
-  """
-  if tie.view is None or not is_box(value):
-    return value if tie.view is None else tie.view(value)
-  array = value.unbox()
-  names = getattr(value, 'names', None)
-  if names is None or all(n is None for n in names):
-    return value.replace_boxed(tie.view(array))
-  shape = np.shape(array)
-  with jax.ensure_compile_time_eval():
-    out = [None] * np.ndim(jax.eval_shape(tie.view, array))
-    for axis, name in enumerate(names):
-      if name is None:
-        continue
-      probe = np.arange(shape[axis]).reshape(
-          [-1 if i == axis else 1 for i in range(len(shape))])
-      moved = np.asarray(tie.view(np.broadcast_to(probe, shape)))
-      hits = [i for i in range(moved.ndim) if moved.shape[i] == shape[axis]
-              and np.array_equal(moved, np.broadcast_to(np.arange(
-                  shape[axis]).reshape([-1 if j == i else 1
-                                        for j in range(moved.ndim)]),
-                  moved.shape))]
-      if len(hits) != 1 or out[hits[0]] is not None:
-        raise _fail(
-            f'The view of the {tie.describe()} moves the partitioned axis'
-            f' {name!r} of {text(tie.source)} in a way whose axis names'
-            ' cannot be followed.',
-            'Use a view that permutes axes (e.g. jnp.transpose).',
-            'Unbox the variables first (flax.linen.unbox).')
-      out[hits[0]] = name
-  return dataclasses.replace(value, value=tie.view(array), names=tuple(out))

@@ -14,12 +14,16 @@
 
 """Module-level twins of ``flax.linen`` transforms.
 
-``flax_tieext.linen.checkpoint`` / ``remat`` / ``tie`` behave exactly as
-``nn.checkpoint`` / ``nn.remat`` / ``nn.tie`` do once the patch is
-installed, whether or not it is.
+``flax_tieext.linen.checkpoint`` / ``remat`` behave exactly as
+``nn.checkpoint`` / ``nn.remat`` do once the patch is installed, whether or
+not it is. ``flax_tieext.linen.tie`` is ``nn.tie``; a tie lives in Flax's
+scopes, so it needs the patch installed and says so otherwise.
 """
 
+from flax_tieext._patch import requires_install as _requires_install
 from flax_tieext.linen import partitioning as partitioning
+from flax_tieext.linen import transforms as _transforms
 from flax_tieext.linen.transforms import checkpoint as checkpoint
 from flax_tieext.linen.transforms import remat as remat
-from flax_tieext.linen.transforms import tie as tie
+
+tie = _requires_install(_transforms.tie)

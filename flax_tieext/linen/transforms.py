@@ -309,7 +309,6 @@ def tie(
 
     >>> import jax, jax.numpy as jnp
     >>> import flax.linen as nn
-    >>> import flax_tieext
     ...
     >>> class Block(nn.Module):
     ...   @nn.compact
@@ -365,7 +364,7 @@ def tie(
     The wrapped ``Module`` class or method.
 
   Raises:
-    flax_tieext.TieError: for a tie that cannot resolve, a write that cannot
+    errors.TieError: for a tie that cannot resolve, a write that cannot
       land, or values given for a tied target; the message names the paths,
       the collection and the declaring module, lists the nearest existing
       names and says how to fix it.

@@ -26,8 +26,8 @@ from jax import random
 import jax.numpy as jnp
 import numpy as np
 
+from flax_tieext import errors
 from flax_tieext.core import tie_convert
-from flax_tieext.core import ties
 
 
 class CheckpointStaticArgnamesTest(parameterized.TestCase):
@@ -136,7 +136,7 @@ class TieTest(parameterized.TestCase):
 
   def test_missing_source_names_nearest(self):
     tied = nn.tie(self.Stack, {'b': 'aa'})()
-    with self.assertRaisesRegex(ties.TieError, "'aa'|aa"):
+    with self.assertRaisesRegex(errors.TieError, "'aa'|aa"):
       tied.init(random.key(0), jnp.ones((1, 3)))
 
 
