@@ -265,8 +265,8 @@ def _storage(scope, tie: Tie, col: str, write: bool):
         'Declare the tie at a module that contains both paths.')
   lifted_target = (scope.parent is None and scope.path == tie.target
                    and scope.is_mutable_collection(col))
-  if (crossed and lifted_target) or (
-      _initializes(scope, col) and not set(crossed) & _MAPS):
+  if (crossed and lifted_target) or _initializes(
+      scope, col, crossed, lambda: walk(base._collection(col), rest)):  # pylint: disable=protected-access
     return None, crossed
   if not crossed:
     node = base._mutable_collection(col) if write else base._collection(col)  # pylint: disable=protected-access
@@ -309,10 +309,19 @@ def _refuse_stale(scope, tie: Tie, col: str, crossed):
         f' {where}.')
 
 
-def _initializes(scope, col: str) -> bool:
-  """Whether a target at ``scope`` initializes its own copy of ``col``."""
-  return scope.get_flag('initializing', False) and scope.is_mutable_collection(
-      col)
+def _initializes(scope, col: str, crossed, source_exists) -> bool:
+  """Whether a target at ``scope`` initializes its own copy of ``col``.
+
+  Only while initializing. Parameters always get a copy, checked against the
+  source and dropped when the declaring call returns (:func:`check_init`), so
+  the stored values are the source's whichever use runs first. Another
+  collection uses its source once it exists, so that the target's writes land
+  as in one shared module. A source outside a mapping transform is never
+  copied: it is a broadcast value.
+  """
+  return (scope.get_flag('initializing', False)
+          and scope.is_mutable_collection(col) and not set(crossed) & _MAPS
+          and (bool(crossed) or col == 'params' or not source_exists()))
 
 
 def _missing(scope, tie: Tie, col: str):
@@ -436,11 +445,10 @@ class _TiedCollection(MutableMapping):
     if tie is None or isinstance(value, Mapping):
       return None
     base, rest, crossed = locate(self._scope, tie.source[:-1], self._col)
-    if base is None or (_initializes(self._scope, self._col)
-                        and not set(crossed) & _MAPS):
-      return None
-    if isinstance(walk(base._collection(self._col), rest + tie.source[-1:]),  # pylint: disable=protected-access
-                  Mapping):
+    stored = None if base is None else walk(
+        base._collection(self._col), rest + tie.source[-1:])  # pylint: disable=protected-access
+    if base is None or isinstance(stored, Mapping) or _initializes(
+        self._scope, self._col, crossed, lambda: stored is not None):
       return None
     if tie.view is not None and write:
       raise _read_only(tie, self._col, self._scope)

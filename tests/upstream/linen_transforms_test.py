@@ -19,6 +19,8 @@ Written once, in Flax's names: here they run on Flax with the plugin installed
 import block stays behind.
 """
 
+import functools
+
 from absl.testing import parameterized
 from flax import linen as nn
 import jax
@@ -98,17 +100,26 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
       nn.remat(self.MLP, static_argnames='determinstic')
 
 
+_WRAPS = {
+    'plain': lambda module: module,
+    'remat': nn.remat,
+    'jit': nn.jit,
+    'partitioning_remat': nn.partitioning.remat,
+}
+
+
 class TieTest(parameterized.TestCase):
 
   class Stack(nn.Module):
     """Two Dense layers; the second may be tied to the first."""
-    remat: bool = False
+    wrap: str = 'plain'
+    features: tuple[int, int] = (3, 3)
 
     @nn.compact
     def __call__(self, x):
-      dense = nn.remat(nn.Dense) if self.remat else nn.Dense
-      x = jnp.tanh(dense(3, name='a')(x))
-      return dense(3, name='b')(x)
+      dense = _WRAPS[self.wrap](nn.Dense)
+      x = jnp.tanh(dense(self.features[0], name='a')(x))
+      return dense(self.features[1], name='b')(x)
 
   class Shared(nn.Module):
     """The reference: one Dense instance called at two places."""
@@ -118,9 +129,33 @@ class TieTest(parameterized.TestCase):
       dense = nn.Dense(3, name='a')
       return dense(jnp.tanh(dense(x)))
 
-  @parameterized.parameters(False, True)
-  def test_module_tie_is_one_shared_module(self, remat):
-    tied = nn.tie(self.Stack, {'b': 'a'})(remat=remat)
+  class Counter(nn.Module):
+    """Counts its calls in the 'state' collection."""
+
+    @nn.compact
+    def __call__(self, x):
+      count = self.variable('state', 'count', jnp.zeros, ())
+      count.value += 1
+      return x * count.value
+
+  class Counters(nn.Module):
+    wrap: str = 'plain'
+
+    @nn.compact
+    def __call__(self, x):
+      counter = _WRAPS[self.wrap](TieTest.Counter)
+      return counter(name='b')(counter(name='a')(x))
+
+  class SharedCounter(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      counter = TieTest.Counter(name='a')
+      return counter(counter(x))
+
+  @parameterized.parameters(*_WRAPS)
+  def test_module_tie_is_one_shared_module(self, wrap):
+    tied = nn.tie(self.Stack, {'b': 'a'})(wrap=wrap)
     x = random.normal(random.key(0), (2, 3))
     variables = tied.init(random.key(1), x)
     expected_variables = self.Shared().init(random.key(1), x)
@@ -134,10 +169,57 @@ class TieTest(parameterized.TestCase):
         tied.apply(variables, x), self.Shared().apply(variables, x))
     jax.tree.map(np.testing.assert_allclose, grad, expected_grad)
 
-  def test_missing_source_names_nearest(self):
-    tied = nn.tie(self.Stack, {'b': 'aa'})()
-    with self.assertRaisesRegex(errors.TieError, "'aa'|aa"):
+  @parameterized.parameters(*_WRAPS)
+  def test_writes_land_in_program_order(self, wrap):
+    tied = nn.tie(self.Counters, {'b': 'a'}, collections='state')(wrap=wrap)
+    x = jnp.ones(2)
+    y, variables = tied.init_with_output(random.key(0), x)
+    expected_y, expected = self.SharedCounter().init_with_output(
+        random.key(0), x)
+    np.testing.assert_allclose(y, expected_y)
+    jax.tree.map(np.testing.assert_allclose, variables, expected)
+    y, updates = tied.apply(variables, x, mutable=['state'])
+    expected_y, expected = self.SharedCounter().apply(
+        expected, x, mutable=['state'])
+    np.testing.assert_allclose(y, expected_y)
+    jax.tree.map(np.testing.assert_allclose, updates, expected)
+
+  @parameterized.parameters(*_WRAPS)
+  def test_missing_source_names_nearest(self, wrap):
+    tied = nn.tie(self.Stack, {'b': 'aa'})(wrap=wrap)
+    with self.assertRaisesRegex(
+        errors.TieError, r'(?i)/aa(.|\n)*nearest(.|\n)*: a\.'):
       tied.init(random.key(0), jnp.ones((1, 3)))
+
+  @parameterized.parameters(*_WRAPS)
+  def test_shape_mismatch_names_both_paths(self, wrap):
+    tied = nn.tie(self.Stack, {'b': 'a'})(wrap=wrap, features=(3, 4))
+    with self.assertRaisesRegex(errors.TieError, "/a(.|\n)*/b|/b(.|\n)*/a"):
+      tied.init(random.key(0), jnp.ones((1, 3)))
+
+  def test_collection_typo_names_the_collection(self):
+    tied = nn.tie(self.Counters, {'b': 'a'}, collections='stat')()
+    with self.assertRaisesRegex(errors.TieError, "'stat'(.|\n)*'state'"):
+      tied.init(random.key(0), jnp.ones(2))
+
+  @parameterized.parameters(*_WRAPS)
+  def test_partitioning_metadata_is_kept(self, wrap):
+
+    class Model(nn.Module):
+
+      @nn.compact
+      def __call__(self, x):
+        dense = functools.partial(
+            _WRAPS[wrap](nn.Dense), 3, kernel_init=nn.with_partitioning(
+                nn.initializers.lecun_normal(), ('embed', 'mlp')))
+        return dense(name='b')(dense(name='a')(x))
+
+    x = jnp.ones((1, 3))
+    variables = nn.tie(Model, {'b': 'a'})().init(random.key(0), x)
+    untied = Model().init(random.key(0), x)
+    self.assertEqual(
+        nn.get_partition_spec(variables)['params']['a'],
+        nn.get_partition_spec(untied)['params']['a'])
 
 
 class TieVariablesTest(parameterized.TestCase):
@@ -149,6 +231,33 @@ class TieVariablesTest(parameterized.TestCase):
     def __call__(self, tokens):
       x = nn.Embed(5, 3, name='embed')(tokens)
       return nn.Dense(5, use_bias=False, name='head')(x)
+
+  @parameterized.parameters(*_WRAPS)
+  def test_variable_tie_sums_gradients(self, wrap):
+    ties_ = {'b/kernel': 'a/kernel'}
+    tied = nn.tie(TieTest.Stack, ties_)(wrap=wrap)
+    untied_model = TieTest.Stack(wrap=wrap)
+    x = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), x)
+    self.assertEqual(sorted(variables['params']['b']), ['bias'])
+    untied = tie_convert.untie_variables(variables, ties_)
+    np.testing.assert_allclose(
+        tied.apply(variables, x), untied_model.apply(untied, x))
+    grad = jax.grad(lambda v: tied.apply(v, x).sum())(variables)['params']
+    expected = jax.grad(
+        lambda v: untied_model.apply(v, x).sum())(untied)['params']
+    np.testing.assert_allclose(
+        grad['a']['kernel'],
+        expected['a']['kernel'] + expected['b']['kernel'], rtol=1e-6)
+
+  def test_conversion_skips_collections_without_either_path(self):
+    variables = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}},
+                 'batch_stats': {'c': {'mean': jnp.zeros(2)}}}
+    tied = tie_convert.tie_variables(variables, {'b': 'a'}, collections=True)
+    self.assertEqual(list(tied['params']), ['a'])
+    self.assertEqual(tied['batch_stats'], variables['batch_stats'])
+    untied = tie_convert.untie_variables(tied, {'b': 'a'}, collections=True)
+    jax.tree.map(np.testing.assert_allclose, untied, variables)
 
   def test_viewed_tie_and_conversion(self):
     ties_ = {'head/kernel': ('embed/embedding', jnp.transpose)}
