@@ -264,6 +264,21 @@ def _insert_import(source: str, stmt: str) -> str:
   return '\n'.join(lines[:at] + [stmt] + lines[at:])
 
 
+def sort_imports(source: str) -> str:
+  """A new module's import block in groups: __future__, stdlib, others, flax."""
+  body, lines = ast.parse(source).body, source.split('\n')
+  block = _imports(body)
+  def group(n):
+    top = (n.module if isinstance(n, ast.ImportFrom) else n.names[0].name).split('.')[0]
+    return 0 if top == '__future__' else 1 if top in sys.stdlib_module_names else (
+        3 if top == 'flax' else 2)
+  out = []
+  for g in sorted({group(n) for n in block}):
+    out += sorted((ast.unparse(n) for n in block if group(n) == g),
+                  key=lambda t: t.split()[1]) + ['']
+  return '\n'.join(lines[:block[0].lineno - 1] + out[:-1] + lines[block[-1].end_lineno:])
+
+
 def hoist(text: str) -> tuple[str, list[str]]:
   """``text`` without the imports inside its functions; those imports."""
   tree, lines = ast.parse(text), text.split('\n')
@@ -359,15 +374,18 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
         raise Error(f'{name} in tests/upstream/{stem}.py uses {module}.{attr}, which'
                     ' does not exist')
     by_dest.setdefault(str(_path(TESTS[stem])), []).extend(found)
+  new = set()
   for dest, defs in by_dest.items():
     path = tree / dest
     if not path.exists():  # a new module: Flax's license header, our docstring
+      new.add(dest)
       header = (tree / 'flax/core/lift.py').read_text().split('\n\n')[0]
       doc = read_module(defs[0].module)[2]
       path.write_text(f'{header}\n\n"""{doc}\n"""\n\nfrom __future__ import annotations\n')
     path.write_text(place(path.read_text(), defs))
   for dest, defs in by_dest.items():  # once every new module exists
     source = add_imports((tree / dest).read_text(), defs, dest, tree)
+    source = sort_imports(source) if dest in new else source
     (tree / dest).write_text(source.rstrip('\n') + '\n')
   for file, anchor, new in pr.edits:
     text = (tree / file).read_text()

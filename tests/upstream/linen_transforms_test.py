@@ -23,6 +23,7 @@ import functools
 
 from absl.testing import parameterized
 from flax import linen as nn
+from flax.linen import partitioning
 import jax
 from jax import random
 import jax.numpy as jnp
@@ -100,15 +101,15 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
       nn.remat(self.MLP, static_argnames='determinstic')
 
 
-_WRAPS = {
-    'plain': lambda module: module,
-    'remat': nn.remat,
-    'jit': nn.jit,
-    'partitioning_remat': nn.partitioning.remat,
-}
-
-
 class TieTest(parameterized.TestCase):
+
+  # The transforms a tied target runs under.
+  WRAPS = {
+      'plain': lambda module: module,
+      'remat': nn.remat,
+      'jit': nn.jit,
+      'partitioning_remat': partitioning.remat,
+  }
 
   class Stack(nn.Module):
     """Two Dense layers; the second may be tied to the first."""
@@ -117,7 +118,7 @@ class TieTest(parameterized.TestCase):
 
     @nn.compact
     def __call__(self, x):
-      dense = _WRAPS[self.wrap](nn.Dense)
+      dense = TieTest.WRAPS[self.wrap](nn.Dense)
       x = jnp.tanh(dense(self.features[0], name='a')(x))
       return dense(self.features[1], name='b')(x)
 
@@ -143,7 +144,7 @@ class TieTest(parameterized.TestCase):
 
     @nn.compact
     def __call__(self, x):
-      counter = _WRAPS[self.wrap](TieTest.Counter)
+      counter = TieTest.WRAPS[self.wrap](TieTest.Counter)
       return counter(name='b')(counter(name='a')(x))
 
   class SharedCounter(nn.Module):
@@ -153,7 +154,7 @@ class TieTest(parameterized.TestCase):
       counter = TieTest.Counter(name='a')
       return counter(counter(x))
 
-  @parameterized.parameters(*_WRAPS)
+  @parameterized.parameters(*WRAPS)
   def test_module_tie_is_one_shared_module(self, wrap):
     tied = nn.tie(self.Stack, {'b': 'a'})(wrap=wrap)
     x = random.normal(random.key(0), (2, 3))
@@ -169,7 +170,7 @@ class TieTest(parameterized.TestCase):
         tied.apply(variables, x), self.Shared().apply(variables, x))
     jax.tree.map(np.testing.assert_allclose, grad, expected_grad)
 
-  @parameterized.parameters(*_WRAPS)
+  @parameterized.parameters(*WRAPS)
   def test_writes_land_in_program_order(self, wrap):
     tied = nn.tie(self.Counters, {'b': 'a'}, collections='state')(wrap=wrap)
     x = jnp.ones(2)
@@ -184,14 +185,14 @@ class TieTest(parameterized.TestCase):
     np.testing.assert_allclose(y, expected_y)
     jax.tree.map(np.testing.assert_allclose, updates, expected)
 
-  @parameterized.parameters(*_WRAPS)
+  @parameterized.parameters(*WRAPS)
   def test_missing_source_names_nearest(self, wrap):
     tied = nn.tie(self.Stack, {'b': 'aa'})(wrap=wrap)
     with self.assertRaisesRegex(
         errors.TieError, r'(?i)/aa(.|\n)*nearest(.|\n)*: a\.'):
       tied.init(random.key(0), jnp.ones((1, 3)))
 
-  @parameterized.parameters(*_WRAPS)
+  @parameterized.parameters(*WRAPS)
   def test_shape_mismatch_names_both_paths(self, wrap):
     tied = nn.tie(self.Stack, {'b': 'a'})(wrap=wrap, features=(3, 4))
     with self.assertRaisesRegex(errors.TieError, "/a(.|\n)*/b|/b(.|\n)*/a"):
@@ -202,7 +203,7 @@ class TieTest(parameterized.TestCase):
     with self.assertRaisesRegex(errors.TieError, "'stat'(.|\n)*'state'"):
       tied.init(random.key(0), jnp.ones(2))
 
-  @parameterized.parameters(*_WRAPS)
+  @parameterized.parameters(*WRAPS)
   def test_partitioning_metadata_is_kept(self, wrap):
 
     class Model(nn.Module):
@@ -210,7 +211,7 @@ class TieTest(parameterized.TestCase):
       @nn.compact
       def __call__(self, x):
         dense = functools.partial(
-            _WRAPS[wrap](nn.Dense), 3, kernel_init=nn.with_partitioning(
+            TieTest.WRAPS[wrap](nn.Dense), 3, kernel_init=nn.with_partitioning(
                 nn.initializers.lecun_normal(), ('embed', 'mlp')))
         return dense(name='b')(dense(name='a')(x))
 
@@ -232,7 +233,7 @@ class TieVariablesTest(parameterized.TestCase):
       x = nn.Embed(5, 3, name='embed')(tokens)
       return nn.Dense(5, use_bias=False, name='head')(x)
 
-  @parameterized.parameters(*_WRAPS)
+  @parameterized.parameters(*TieTest.WRAPS)
   def test_variable_tie_sums_gradients(self, wrap):
     ties_ = {'b/kernel': 'a/kernel'}
     tied = nn.tie(TieTest.Stack, ties_)(wrap=wrap)
