@@ -21,14 +21,14 @@ Importing this package installs both features into Flax (``nn.tie``,
 ``lift.remat`` and ``nnx.remat``) unless the environment variable
 ``FLAX_TIEEXT_AUTOPATCH=0`` is set. The same transforms are always available,
 unpatched, as ``flax_tieext.lift``, ``flax_tieext.linen`` and
-``flax_tieext.nnx``.
+``flax_tieext.nnx``. The patch does not import ``flax.nnx``: ``nnx.remat`` is
+replaced when your program imports it.
 """
 
 __version__ = '0.1.0.dev0'
 
 from flax_tieext import core as core
 from flax_tieext import linen as linen
-from flax_tieext import nnx as nnx
 from flax_tieext.core import lift as lift
 from flax_tieext.errors import TieError as TieError
 from flax_tieext.core.tie_convert import tie_variables as tie_variables
@@ -41,3 +41,11 @@ from flax_tieext._patch import autopatch as _autopatch
 
 _autopatch()
 del _autopatch
+
+
+def __getattr__(name: str):
+  # flax_tieext.nnx imports flax.nnx, which `import flax_tieext` does not.
+  if name == 'nnx':
+    import importlib  # pylint: disable=g-import-not-at-top
+    return importlib.import_module('flax_tieext.nnx')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -22,6 +22,7 @@ derived from its bindings (``_patch.missing_features()``).
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import inspect
 import sys
@@ -91,47 +92,73 @@ except ImportError:  # Flax 0.8: no shared sentinel
 
   MISSING = Missing()
 
-# Some releases import flax.nnx with a DeprecationWarning of their own (Flax
-# 0.11 / 0.12.0 on jax 0.8: "jax.array_ref is deprecated"): not the user's to
-# fix, and an error under `-W error` if flax_tieext were the one to show it.
-with warnings.catch_warnings():
-  warnings.filterwarnings(
-      'ignore', category=DeprecationWarning, module=r'flax\.nnx'
-  )
-  try:
-    import flax.nnx as _nnx  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    _nnx = None
-
-# Flax's own nnx.remat, read before the patch replaces it (None without it).
-NNX_REMAT = getattr(_nnx, 'remat', None)
+# flax.nnx is imported only when the user imports it: it takes longer to
+# import than flax.linen, and Linen users need none of it. Its facts are read
+# once it is loaded, before the patch replaces anything (_patch binds
+# nnx.remat right after flax.nnx is imported).
+NNX = 'flax.nnx'
 
 
-def _nnx_remat_aliases() -> tuple[tuple[Any, str], ...]:
-  if NNX_REMAT is None:
-    return ()
-  return tuple(
-      (module, name)
-      for module_name, module in sorted(sys.modules.items())
-      if module is not None and module_name.split('.')[0] == 'flax'
-      for name, value in list(vars(module).items())
-      if value is NNX_REMAT
-  )
+_nnx_facts: dict[str, Any] = {}
 
 
-# Every (module, name) by which Flax exports its own nnx.remat, found by
-# presence before the patch: the loaded Flax modules holding the object, such
-# as flax.nnx and the module that defines it (flax.nnx.transforms.autodiff, or
-# flax.nnx.nnx.transforms... in older releases). Empty without NNX.
-NNX_REMAT_ALIASES = _nnx_remat_aliases()
+def nnx_facts() -> dict[str, Any]:
+  """What the loaded ``flax.nnx`` offers (nothing if it is not loaded).
+
+  Read once, when first asked for after ``flax.nnx`` is loaded.
+  """
+  if _nnx_facts or NNX not in sys.modules:
+    return _nnx_facts or dict.fromkeys(
+        ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES'), None)
+  remat = getattr(sys.modules[NNX], 'remat', None)
+  _nnx_facts.update({
+      # Flax's own nnx.remat (None without it).
+      'NNX_REMAT': remat,
+      # Every (module, name) by which Flax exports it, found by presence: the
+      # loaded Flax modules holding the object, such as flax.nnx and the
+      # module that defines it (flax.nnx.transforms.autodiff, or
+      # flax.nnx.nnx.transforms... in older releases). Empty without NNX.
+      'NNX_REMAT_ALIASES': () if remat is None else tuple(
+          (module, name)
+          for module_name, module in sorted(sys.modules.items())
+          if module is not None and module_name.split('.')[0] == 'flax'
+          for name, value in list(vars(module).items())
+          if value is remat
+      ),
+      # Whether it has graph and tree modes (graph=, graph_updates=), as Flax
+      # main has: then flax_tieext.nnx.remat is Flax main's own with
+      # static_argnames (flax_tieext/nnx/transforms/autodiff.py, PR 03 of
+      # patches/main); without them, nnx_remat below.
+      'NNX_REMAT_MODES': remat is not None and 'graph_updates' in (
+          inspect.signature(remat).parameters),
+  })
+  return _nnx_facts
 
 
-# Whether Flax's nnx.remat has graph and tree modes (graph=, graph_updates=),
-# as Flax main has: then flax_tieext.nnx.remat is Flax main's own with
-# static_argnames (flax_tieext/nnx/transforms/autodiff.py, PR 03 of
-# patches/main); without them, nnx_remat below.
-NNX_REMAT_MODES = NNX_REMAT is not None and 'graph_updates' in (
-    inspect.signature(NNX_REMAT).parameters)
+def __getattr__(name: str) -> Any:
+  """``NNX_REMAT``, ``NNX_REMAT_ALIASES``, ``NNX_REMAT_MODES``: imports flax.nnx."""
+  if name not in ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES'):
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  # Some releases import flax.nnx with a DeprecationWarning of their own
+  # (Flax 0.11 / 0.12.0 on jax 0.8: "jax.array_ref is deprecated"): not the
+  # user's to fix, and an error under `-W error` if flax_tieext showed it.
+  with warnings.catch_warnings():
+    warnings.filterwarnings(
+        'ignore', category=DeprecationWarning, module=r'flax\.nnx'
+    )
+    try:
+      importlib.import_module(NNX)
+    except ImportError:
+      pass
+  return nnx_facts()[name]
+
+
+def our_nnx_remat() -> Callable[..., Any]:
+  """``flax_tieext.nnx.remat`` for the loaded ``flax.nnx``."""
+  if nnx_facts()['NNX_REMAT_MODES']:
+    from flax_tieext.nnx.transforms import autodiff  # pylint: disable=g-import-not-at-top
+    return autodiff.remat
+  return nnx_remat
 
 
 def nnx_remat(
@@ -157,5 +184,6 @@ def nnx_remat(
       f, static_argnums, static_argnames, transform='nnx.remat',
       supplies_first=False)
   return lift._with_static_args(  # pylint: disable=protected-access
-      functools.partial(NNX_REMAT, prevent_cse=prevent_cse, policy=policy),
+      functools.partial(nnx_facts()['NNX_REMAT'], prevent_cse=prevent_cse,
+                        policy=policy),
       f, statics)

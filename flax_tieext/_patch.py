@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.abc
 import os
+import sys
 import threading
 from typing import Any, Callable
 import warnings
@@ -80,7 +82,6 @@ def _bindings() -> list[_Binding]:
   from flax_tieext.linen import partitioning as our_partitioning  # pylint: disable=g-import-not-at-top
   from flax_tieext import linen as our_linen  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
-  from flax_tieext.nnx import remat as nnx_remat  # pylint: disable=g-import-not-at-top
 
   use = _Use
   Scope = core_scope.Scope  # pylint: disable=invalid-name
@@ -94,9 +95,7 @@ def _bindings() -> list[_Binding]:
       _Binding(nn, 'checkpoint', use(transforms.checkpoint)),
       _Binding(nn, 'remat', use(transforms.remat)),
       _Binding(partitioning, 'remat', use(our_partitioning.remat)),
-      # ... nnx.remat, under every name Flax exports it by (none without NNX).
-      *(_Binding(owner, attr, use(nnx_remat))
-        for owner, attr in _compat.NNX_REMAT_ALIASES),
+      # (nnx.remat: _nnx_bindings, once flax.nnx is imported.)
       # tie: the new transforms ...
       _Binding(_core_lift, 'tie', use(lift.tie)),
       _Binding(linen_transforms, 'tie', use(our_linen.tie)),
@@ -113,6 +112,64 @@ def _bindings() -> list[_Binding]:
       _Binding(Scope, '_tie_lift', use(None)),
       _Binding(Scope, '_tie_borrowed', use(None)),
   ]
+
+
+def _nnx_bindings() -> list[_Binding]:
+  """``nnx.remat``, under every name Flax exports it by (none without NNX)."""
+  aliases = _compat.nnx_facts()['NNX_REMAT_ALIASES']  # read before binding
+  if not aliases:
+    return []
+  remat = _compat.our_nnx_remat()
+  return [_Binding(owner, attr, _Use(remat)) for owner, attr in aliases]
+
+
+class _BindNnxOnImport(importlib.abc.MetaPathFinder):
+  """Binds ``nnx.remat`` right after ``flax.nnx`` is imported.
+
+  The patch does not import ``flax.nnx`` itself: it takes longer to import
+  than ``flax.linen``, and Linen users need none of it.
+  """
+
+  def find_spec(self, fullname, path, target=None):
+    if fullname != _compat.NNX:
+      return None
+    for finder in sys.meta_path:
+      find = getattr(finder, 'find_spec', None)
+      spec = None if finder is self or find is None else find(
+          fullname, path, target)
+      if spec is not None and spec.loader is not None:
+        break
+    else:
+      return None
+    exec_module = spec.loader.exec_module
+
+    def exec_module_then_bind(module):
+      exec_module(module)
+      try:
+        _bind_nnx()
+      except Exception as e:  # not an ImportError: flax.nnx did import
+        raise PatchError(f'flax_tieext could not patch nnx.remat: {e!r}') from e
+
+    spec.loader.exec_module = exec_module_then_bind
+    return spec
+
+
+def _nnx_hooks() -> list[Any]:
+  # By class name, so that a hook of a reloaded copy of this module is found.
+  return [f for f in sys.meta_path
+          if type(f).__name__ == _BindNnxOnImport.__name__]
+
+
+def _bind_nnx() -> None:
+  """Applies the NNX bindings of an installed patch, once."""
+  with _lock:
+    record = _state()
+    hooks = _nnx_hooks()
+    if record is None or not hooks:
+      return
+    for hook in hooks:
+      sys.meta_path.remove(hook)
+    _apply(_nnx_bindings(), record)
 
 
 def missing_features() -> list[str]:
@@ -163,18 +220,27 @@ def install() -> None:
           ' flax_tieext.lift and flax_tieext.linen transforms may still work'
           ' on their own; supported releases are listed in the README.'
       )
-    bindings = _bindings()
     record = []
-    try:
-      for b in bindings:
-        original = _owner_dict_get(b.owner, b.attr)
-        replacement = b.make(original)
-        record.append((b.owner, b.attr, original))
-        setattr(b.owner, b.attr, replacement)
-    except BaseException:
-      _restore(record)
-      raise
+    _apply(_bindings(), record)
     setattr(_core_lift, _STATE_ATTR, record)
+    sys.meta_path.insert(0, _BindNnxOnImport())
+    if _compat.NNX in sys.modules:
+      _bind_nnx()
+
+
+def _apply(bindings: list[_Binding], record: list[tuple[Any, str, Any]]):
+  """Applies ``bindings``, recording each original; all or none of them."""
+  done = len(record)
+  try:
+    for b in bindings:
+      original = _owner_dict_get(b.owner, b.attr)
+      replacement = b.make(original)
+      record.append((b.owner, b.attr, original))
+      setattr(b.owner, b.attr, replacement)
+  except BaseException:
+    _restore(record[done:])
+    del record[done:]
+    raise
 
 
 def _restore(record):
@@ -194,6 +260,8 @@ def uninstall() -> None:
       return
     _restore(record)
     delattr(_core_lift, _STATE_ATTR)
+    for hook in _nnx_hooks():
+      sys.meta_path.remove(hook)
 
 
 def requires_install(tie_transform: Callable[..., Any]) -> Callable[..., Any]:

@@ -133,6 +133,36 @@ def test_import_patches_by_default():
 
 
 
+def test_nnx_remat_is_patched_when_the_program_imports_flax_nnx():
+  # import flax_tieext does not import flax.nnx (Linen users pay nothing for
+  # it); nnx.remat gains static_argnames whenever the program imports it,
+  # before or after flax_tieext, and uninstall gives Flax's back.
+  nnx = pytest.importorskip('flax.nnx', exc_type=ImportError)
+  if not hasattr(nnx, 'remat'):
+    pytest.skip('this Flax has no nnx.remat')
+  result = run_python("""
+      import sys
+      import flax.linen
+      import flax_tieext
+      print('flax.nnx' in sys.modules)
+      from flax import nnx
+      print(nnx.remat is flax_tieext.nnx.remat)
+      flax_tieext.uninstall()
+      print(nnx.remat is flax_tieext._compat.NNX_REMAT)
+      flax_tieext.install()
+      print(nnx.remat is flax_tieext.nnx.remat)
+  """, FLAX_TIEEXT_AUTOPATCH='1')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['False', 'True', 'True', 'True']
+  result = run_python("""
+      from flax import nnx
+      import flax_tieext
+      print(nnx.remat is flax_tieext.nnx.remat)
+  """, FLAX_TIEEXT_AUTOPATCH='1')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['True']
+
+
 @pytest.mark.needs_patch
 def test_every_flax_name_the_patch_binds_is_the_plugin_object():
   # Why the other test files call flax_tieext's objects only: installed, they

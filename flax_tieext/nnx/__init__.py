@@ -23,10 +23,8 @@ need no transform in NNX: a module used at two places *is* shared (see
 ``docs/nnx.md``).
 """
 
+import flax.nnx as _flax_nnx  # pylint: disable=unused-import
+
 from flax_tieext import _compat
 
-if _compat.NNX_REMAT_MODES:
-  # pylint: disable-next=g-import-not-at-top
-  from flax_tieext.nnx.transforms.autodiff import remat as remat
-else:
-  remat = _compat.nnx_remat
+remat = _compat.our_nnx_remat()
