@@ -272,9 +272,17 @@ def sort_imports(source: str) -> str:
     top = (n.module if isinstance(n, ast.ImportFrom) else n.names[0].name).split('.')[0]
     return 0 if top == '__future__' else 1 if top in sys.stdlib_module_names else (
         3 if top == 'flax' else 2)
+  def text(n):  # a long `from x import a, b` wrapped as Flax wraps it
+    if isinstance(n, ast.ImportFrom):
+      n.names.sort(key=lambda a: a.name)
+    line = ast.unparse(n)
+    if len(line) <= 80 or not isinstance(n, ast.ImportFrom):
+      return line
+    return line.split(' import ')[0] + ' import (\n' + ''.join(
+        f'    {ast.unparse(a)},\n' for a in n.names) + ')'
   out = []
   for g in sorted({group(n) for n in block}):
-    out += sorted((ast.unparse(n) for n in block if group(n) == g),
+    out += sorted((text(n) for n in block if group(n) == g),
                   key=lambda t: t.split()[1]) + ['']
   return '\n'.join(lines[:block[0].lineno - 1] + out[:-1] + lines[block[-1].end_lineno:])
 

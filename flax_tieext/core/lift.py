@@ -41,6 +41,7 @@ from flax.core.scope import in_filter
 from flax.core.scope import intersect_filters
 from flax.core.scope import Scope
 from flax.core.scope import union_filters
+from flax_tieext.core import tie_checks
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
@@ -1155,9 +1156,10 @@ def tie(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))
     declaring = scopes[-1]
     resolved = tie_spec.normalize(ties, collections, declaring.path)
+    tie_checks.check_apply(declaring, resolved)
     scopes[-1] = ties_lib.declare(declaring, resolved)
     y = fn(treedef.unflatten(scopes), *args, **kwargs)
-    ties_lib.check_init(scopes[-1], resolved)
+    tie_checks.check_init(scopes[-1], resolved)
     return y
 
   return wrapper

@@ -35,12 +35,12 @@ target is used. The rules, each stated once:
 * **Rngs** (:func:`_share_rngs`). Outside ``init``, a module-level tie of
   ``params`` makes the target the same module instance: it draws from the
   source's rng streams and counters, derived by ``Scope.push``.
-* **Init** (:func:`check_init`). While initializing, a target that can reach
-  its source initializes its own copy, as if untied; when the declaring call
-  returns, each copy is checked against the source (which must exist, be of
-  the same kind, and hold every variable of the copy with the same shape and
-  dtype) and dropped. The stored values are therefore the source's own,
-  whichever use runs first.
+* **Init** (:func:`_initializes`). While initializing, a ``params`` target
+  initializes its own copy, as if untied, and so does a target of another
+  collection whose source does not exist yet; when the declaring call
+  returns, ``tie_checks.check_init`` checks each copy against the source and
+  drops it. The stored values are therefore the source's own, whichever use
+  runs first.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from typing import Any
 
 import jax
 
-from flax.core import meta
 from flax.core.frozen_dict import FrozenDict
 from flax_tieext import errors
 from flax_tieext.core.tie_spec import (
@@ -60,8 +59,6 @@ from flax_tieext.core.tie_spec import (
     Tie,
     apply_view,
     check_like,
-    did_you_mean,
-    flatten,
     is_box,
     is_within,
     named_collections,
@@ -93,8 +90,6 @@ def ties_in_force(scope) -> tuple[Tie, ...]:
 def declare(scope, ties: tuple[Tie, ...]):
   """Returns a scope like ``scope`` (a rewound copy) with ``ties`` in force."""
   scope._check_valid()  # pylint: disable=protected-access
-  if not scope.get_flag('initializing', False):
-    _check_apply_variables(scope, ties)
   targets = {t.target for t in ties}
   flags = dict(scope.flags)
   flags[TIES_FLAG] = tuple(
@@ -106,33 +101,6 @@ def declare(scope, ties: tuple[Tie, ...]):
   new._tie_lift = scope._tie_lift  # pylint: disable=protected-access
   _share_rngs(new)
   return new
-
-
-def _check_apply_variables(scope, ties):
-  """At apply, given values for a target or a missing collection are errors."""
-  given = scope.root._variables  # pylint: disable=protected-access
-  for tie in ties:
-    for col in [c for c in given if tie.applies_to(c)]:
-      node = walk(given[col], tie.target[len(scope.root.path):])
-      if node is not None and node != {}:
-        raise tie_error(
-            f'Values were given for {text(tie.target)} in collection {col!r},'
-            f' but it is the target of the {tie.describe()}: only the source'
-            f' {text(tie.source)} is stored, so they would be ignored.',
-            'Convert variables saved from an untied model with'
-            ' tie_variables(variables, ties), which checks that'
-            ' each target equals its source and removes it.')
-    if scope.root._tie_lift is not None:  # pylint: disable=protected-access
-      continue  # inside a transform, only the lifted collections are here
-    for col in named_collections(tie.collections):
-      if col not in given and not scope.is_mutable_collection(col):
-        raise tie_error(
-            f'The {tie.describe()} ties collection {col!r}, but the variables'
-            f' have no collection {col!r} and it is not mutable (collections'
-            f' given: {", ".join(map(repr, given)) or "none"}).'
-            + did_you_mean(col, given),
-            f'Pass it to apply: variables={{..., {col!r}: ...}}.',
-            f'Make it mutable: apply(..., mutable=[{col!r}]).')
 
 
 # ---------------------------------------------------------------------------
@@ -230,7 +198,7 @@ def _follow(scope, path: Path, col: str, below: int = -1) -> Path | None:
   return None if best is None else best.source + path[len(best.target):]
 
 
-def _stored(scope, path: Path, col: str):
+def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
   base, _ = _reach(scope, path)
   if base is None:
@@ -240,7 +208,7 @@ def _stored(scope, path: Path, col: str):
 
 
 def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
-  """The innermost tie in force at ``scope`` whose target is (or holds) ``path``."""
+  """The innermost tie at ``scope`` whose target is (or holds) ``path``."""
   found = [t for t in ties_in_force(scope) if (
       t.target == path if exact else is_within(path, t.target))
            and t.applies_to(col)]
@@ -248,13 +216,13 @@ def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
 
 
 def _storage(scope, tie: Tie, col: str, write: bool):
-  """``(storage, crossed)``: what ``tie``'s target uses in ``col`` (None: its own).
+  """``(storage, crossed)``: what ``tie``'s target uses in ``col`` (None: own).
 
-  While initializing, a target initializes its own copy (see
-  :func:`check_init`), unless its source is a broadcast value of a stack it
-  runs in. Otherwise a target uses its source's storage; across a transform
-  boundary the source is a closed-over, read-only value, except for a lifted
-  root that is itself the target: it keeps what the transform lifted for it.
+  While initializing, a target may initialize its own copy (see
+  :func:`_initializes`). Otherwise a target uses its source's storage; across
+  a transform boundary the source is a closed-over, read-only value, except
+  for a lifted root that is itself the target: it keeps what the transform
+  lifted for it.
   """
   base, rest, crossed = locate(
       scope, tie.source + scope.path[len(tie.target):], col)
@@ -278,7 +246,7 @@ def _storage(scope, tie: Tie, col: str, write: bool):
       else:
         return _missing(scope, tie, col), crossed
     return node, crossed
-  _refuse_stale(scope, tie, col, crossed)
+  refuse_stale(scope, tie, col, crossed)
   node = walk(base._collection(col), rest)  # pylint: disable=protected-access
   if write or not node:
     what = 'A write to' if write else 'Initializing'
@@ -296,7 +264,7 @@ def _storage(scope, tie: Tie, col: str, write: bool):
   return node, crossed
 
 
-def _refuse_stale(scope, tie: Tie, col: str, crossed):
+def refuse_stale(scope, tie: Tie, col: str, crossed):
   """A closed-over source inside a transform that caches its trace is stale."""
   where = next((t for t in crossed if t in _CACHES_TRACES), None)
   if where is not None:
@@ -313,8 +281,9 @@ def _initializes(scope, col: str, crossed, source_exists) -> bool:
   """Whether a target at ``scope`` initializes its own copy of ``col``.
 
   Only while initializing. Parameters always get a copy, checked against the
-  source and dropped when the declaring call returns (:func:`check_init`), so
-  the stored values are the source's whichever use runs first. Another
+  source and dropped when the declaring call returns
+  (``tie_checks.check_init``), so the stored values are the source's
+  whichever use runs first. Another
   collection uses its source once it exists, so that the target's writes land
   as in one shared module. A source outside a mapping transform is never
   copied: it is a broadcast value.
@@ -327,11 +296,11 @@ def _initializes(scope, col: str, crossed, source_exists) -> bool:
 def _missing(scope, tie: Tie, col: str):
   if scope.is_mutable_collection(col):
     return FrozenDict()
-  stored = _stored(scope, (), col) or {}
   raise tie_error(
       f'The source {text(tie.source)} of the {tie.describe(col)} is not'
       f' stored (looked up from {scope.path_text}).'
-      + nearest(stored, tie.source[len(scope.root.path):], scope.root.path),
+      + nearest(stored(scope, (), col) or {},
+                tie.source[len(scope.root.path):], scope.root.path),
       'Fix the source path (paths are relative to the module that declares'
       ' the tie; a leading "/" starts at the root module).',
       "Pass the source's variables to apply.")
@@ -445,10 +414,10 @@ class _TiedCollection(MutableMapping):
     if tie is None or isinstance(value, Mapping):
       return None
     base, rest, crossed = locate(self._scope, tie.source[:-1], self._col)
-    stored = None if base is None else walk(
+    found = None if base is None else walk(
         base._collection(self._col), rest + tie.source[-1:])  # pylint: disable=protected-access
-    if base is None or isinstance(stored, Mapping) or _initializes(
-        self._scope, self._col, crossed, lambda: stored is not None):
+    if base is None or isinstance(found, Mapping) or _initializes(
+        self._scope, self._col, crossed, lambda: found is not None):
       return None
     if tie.view is not None and write:
       raise _read_only(tie, self._col, self._scope)
@@ -559,13 +528,13 @@ def lifted_variables(scope, scopes) -> Mapping[str, Any]:
   """
   lift = scope._tie_lift  # pylint: disable=protected-access
   if lift is not None and lift.rngs_only:  # its variables are a closure
-    return {col: node for col in _collections(scope)
+    return {col: node for col in visible_collections(scope)
             if (node := lift.outer._collection(col))}  # pylint: disable=protected-access
   ties = [t for t in ties_in_force(scope) if t.target == scope.path]
   if not ties:
     return scope._variables  # pylint: disable=protected-access
   out = dict(scope._variables)  # pylint: disable=protected-access
-  for col in _collections(scope):
+  for col in visible_collections(scope):
     if col in out or not any(t.applies_to(col) for t in ties):
       continue
     scope._collection(col)  # pylint: disable=protected-access
@@ -577,7 +546,7 @@ def lifted_variables(scope, scopes) -> Mapping[str, Any]:
   return out
 
 
-def _collections(scope) -> set[str]:
+def visible_collections(scope) -> set[str]:
   """The collections of every root up the chain of lifted transforms."""
   found = set()
   while scope is not None:
@@ -605,99 +574,3 @@ def inner_scopes_of(inner_scopes) -> tuple:
     if lift is not None:
       return lift.siblings
   return ()
-
-
-# ---------------------------------------------------------------------------
-# The invariants, checked when an initializing call returns
-# ---------------------------------------------------------------------------
-
-
-def check_init(scope, ties: tuple[Tie, ...]):
-  """Checks each tie on the variables ``init`` produced; drops target copies.
-
-  Raises a TieError naming target, source, collection and declaring module
-  when a tied collection or the source does not exist, the source is of
-  another kind than the target (module or variable), or the target's copy
-  holds a variable its source lacks or one of another shape or dtype.
-  """
-  if not scope.get_flag('initializing', False):
-    return
-  present = _collections(scope)
-  for tie in ties:
-    names = named_collections(tie.collections)
-    for col in names:
-      if col not in present and (len(names) == 1 or did_you_mean(col, present)):
-        raise tie_error(
-            f'The {tie.describe()} ties collection {col!r}, but init created'
-            f' no collection {col!r} (it created'
-            f' {", ".join(map(repr, sorted(present))) or "none"}).'
-            + did_you_mean(col, present),
-            'Fix the collection name in collections=.')
-    found = False
-    for col in sorted(c for c in present if tie.applies_to(c)):
-      copy = _stored(scope, tie.target, col)
-      found = found or copy is not None or col in tie.used
-      if copy is None:
-        continue
-      base, rest, crossed = locate(scope, tie.source, col)
-      _refuse_stale(scope, tie, col, crossed)
-      source = walk(_stored(base, base.path, col), rest) if base else None
-      if source is None:
-        raise tie_error(
-            f'The source {text(tie.source)} of the {tie.describe(col)} does'
-            f' not exist: nothing was stored there while initializing.'
-            + nearest(_stored(scope, (), col) or {}, tie.source),
-            'Fix the source path (paths are relative to the module that'
-            ' declares the tie; a leading "/" starts at the root module).')
-      _check_copy(tie, col, copy, source)
-      for end in range(len(tie.target), len(scope.root.path), -1):
-        if end < len(tie.target) and _stored(scope, tie.target[:end], col):
-          break  # the copy is dropped, then its parents if left empty
-        del _stored(scope, tie.target[:end - 1], col)[tie.target[end - 1]]
-    if found:
-      continue
-    if any(_stored(scope, tie.target, c) is not None for c in present):
-      cols = ', '.join(repr(c) for c in sorted(present) if tie.applies_to(c))
-      raise tie_error(
-          f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
-          f' {text(tie.source)} holds any variable in {cols or "those"}'
-          ' collections while initializing.',
-          'Tie the collections the two modules hold (collections=...).',
-          'Tie the modules that hold the collection.')
-    else:
-      raise tie_error(
-          f'The target {text(tie.target)} of the {tie.describe()} does not'
-          ' exist: no module or variable was created there while'
-          ' initializing.'
-          + nearest({c: _stored(scope, (), c) for c in present}
-                     .get('params') or {}, tie.target),
-          'Fix the target path (paths are relative to the module that'
-          ' declares the tie; a leading "/" starts at the root module).')
-
-
-def _check_copy(tie: Tie, col: str, copy, source):
-  """Raises unless ``copy`` could be read from ``source`` (through the view)."""
-  if isinstance(copy, Mapping) != isinstance(source, Mapping):
-    kind = lambda x: 'a module' if isinstance(x, Mapping) else 'a variable'
-    raise tie_error(
-        f'In the {tie.describe(col)}, the target is {kind(copy)} but the'
-        f' source is {kind(source)}.',
-        'Tie a module to a module, or a variable to a variable (e.g.'
-        f' "{text(tie.target[1:])}/kernel": "{text(tie.source[1:])}/kernel").')
-  viewed = source if tie.view is None else jax.eval_shape(
-      lambda s: apply_view(tie, s), meta.unbox(source))
-  flat_source = dict(flatten(viewed))
-  for path, leaf in flatten(copy):
-    if path not in flat_source:
-      raise tie_error(
-          f'The target {text(tie.target + path)} of the {tie.describe(col)}'
-          f' has no counterpart in the source: {text(tie.source + path)} is'
-          ' not stored.' + nearest(source if isinstance(source, Mapping)
-                                    else {}, path, tie.source),
-          'Fix the source path: a target may only use variables its source'
-          ' has.',
-          'Tie modules of the same structure.')
-    check_like(dataclasses.replace(tie, target=tie.target + path,
-                                   source=tie.source + path),
-               col, flat_source[path], leaf)
-
