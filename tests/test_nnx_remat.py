@@ -32,7 +32,6 @@ import pytest
 
 import flax_tieext
 from flax_tieext import _compat
-from flax_tieext.nnx import remat
 
 try:
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -40,6 +39,7 @@ except ImportError as e:  # Flax 0.10.7 on its pinned jax 0.8.1
   pytest.skip(
       f'flax.nnx does not import on Flax {_compat.FLAX_VERSION} / jax'
       f' {_compat.JAX_VERSION}: {e}', allow_module_level=True)
+from flax_tieext.nnx import remat  # pylint: disable=g-import-not-at-top
 if _compat.NNX_REMAT is None:
   pytest.skip(
       f'Flax {_compat.FLAX_VERSION} has no nnx.remat', allow_module_level=True
