@@ -97,8 +97,7 @@ except ImportError:  # Flax 0.8: no shared sentinel
 # once it is loaded, before the patch replaces anything (_patch binds
 # nnx.remat right after flax.nnx is imported).
 NNX = 'flax.nnx'
-
-
+_NNX_FACTS = ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES')
 _nnx_facts: dict[str, Any] = {}
 
 
@@ -108,8 +107,7 @@ def nnx_facts() -> dict[str, Any]:
   Read once, when first asked for after ``flax.nnx`` is loaded.
   """
   if _nnx_facts or NNX not in sys.modules:
-    return _nnx_facts or dict.fromkeys(
-        ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES'), None)
+    return _nnx_facts or dict.fromkeys(_NNX_FACTS)
   remat = getattr(sys.modules[NNX], 'remat', None)
   _nnx_facts.update({
       # Flax's own nnx.remat (None without it).
@@ -137,7 +135,7 @@ def nnx_facts() -> dict[str, Any]:
 
 def __getattr__(name: str) -> Any:
   """``NNX_REMAT``, ``NNX_REMAT_ALIASES``, ``NNX_REMAT_MODES``: imports flax.nnx."""
-  if name not in ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES'):
+  if name not in _NNX_FACTS:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
   # Some releases import flax.nnx with a DeprecationWarning of their own
   # (Flax 0.11 / 0.12.0 on jax 0.8: "jax.array_ref is deprecated"): not the
