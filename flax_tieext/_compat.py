@@ -39,45 +39,6 @@ FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.ver
 JAX_VERSION: str = jax.__version__
 
 
-def adapt_partial_pack(partial_pack):
-  """Builds the ``_partial_pack`` replacement for the installed Flax.
-
-  Args:
-    partial_pack: flax_tieext's ``_partial_pack`` (5 return values).
-
-  Returns:
-    A function building the binding's replacement from Flax's original: the
-    function itself, or, on Flax <= 0.9, a version that also returns the
-    ``invalidate_scopes_fn`` those releases expect (invalidating every inner
-    scope handed out, as upstream does).
-  """
-
-  def make(original):
-    if 'invalidate_scopes_fn' not in original.__code__.co_varnames:
-      return partial_pack
-
-    def partial_pack_with_invalidate(*args, **kwargs):
-      scope_fn, repack_fn, *rest = partial_pack(*args, **kwargs)
-      handed_out = []
-
-      def tracking_scope_fn(*a, **k):
-        for s in handed_out:
-          s.invalidate()
-        tree = scope_fn(*a, **k)
-        handed_out[:] = jax.tree_util.tree_leaves(tree)
-        return tree
-
-      def invalidate_scopes_fn():
-        for s in handed_out:
-          s.invalidate()
-
-      return (tracking_scope_fn, repack_fn, *rest, invalidate_scopes_fn)
-
-    return partial_pack_with_invalidate
-
-  return make
-
-
 # -- NNX ---------------------------------------------------------------------
 # nnx.remat is patched where the installed Flax has it; a Flax without NNX
 # lacks nothing the rest of the patch needs.

@@ -103,14 +103,11 @@ def _bindings() -> list[_Binding]:
       _Binding(flax_core, 'tie_variables', use(tie_convert.tie_variables)),
       _Binding(flax_core, 'untie_variables', use(tie_convert.untie_variables)),
       # ... and the shared scope machinery they take part in.
-      _Binding(_core_lift, '_partial_pack',
-               _compat.adapt_partial_pack(lift._partial_pack)),
+      _Binding(_core_lift, '_partial_pack', ties.tie_aware_partial_pack),
       _Binding(Scope, 'push', ties.tie_aware_push),
+      _Binding(Scope, 'param', ties.tie_aware_param),
       _Binding(Scope, '_collection', ties.tie_aware_collection),
       _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
-      # ... and the state those hooks keep on a Scope, declared once.
-      _Binding(Scope, '_tie_lift', use(None)),
-      _Binding(Scope, '_tie_borrowed', use(None)),
   ]
 
 

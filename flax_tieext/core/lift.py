@@ -29,9 +29,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import jax
 
 from flax.core.frozen_dict import freeze
-from flax.core.lift import _dedup_scopes
-from flax.core.lift import _dup_scopes
-from flax.core.lift import _transpose
 from flax.core.lift import pack
 from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
@@ -41,7 +38,6 @@ from flax.core.scope import in_filter
 from flax.core.scope import intersect_filters
 from flax.core.scope import Scope
 from flax.core.scope import union_filters
-from flax_tieext.core import tie_checks
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
@@ -911,182 +907,6 @@ remat = checkpoint
 # ---------------------------------------------------------------------------
 
 
-
-def _partial_pack(
-    scope_tree: Scope,
-    in_variable_filters: Sequence[CollectionFilter],
-    out_variable_filters: Sequence[CollectionFilter],
-    rng_filters: Sequence[PRNGSequenceFilter],
-    name=None,
-) -> tuple[Callable[..., Any], Callable[..., Any], Any, Any, Callable[..., Any]]:
-  """Pack variables and rngs for functional transformations.
-
-  The _partial_pack function is the building block for all other lifted
-  transformations.
-
-  Tied variables (see :func:`tie`) take part in the packing: when a lifted
-  scope contains a tied target whose source lies outside every lifted scope,
-  the source's scope is lifted as well, like a Module passed in as an
-  attribute (a transform that maps over an axis lifts only its rngs; see
-  ``ties.lifted_sources``). Inside, the target resolves to the inner source, so
-  reads, writes and gradients reach the one stored variable. The extra scopes
-  are not visible to ``fn``: ``scope_fn`` returns, and ``repack_fn`` takes, the
-  scope tree of ``scope_tree``'s shape.
-
-  Args:
-    scope_tree: The scope(s) to pack.
-    in_variable_filters: Input variable filters.
-    out_variable_filters: Output variable filters.
-    rng_filters: RNG filters.
-    name: The name of the packed scope.
-  Returns:
-    `(scope_fn, repack_fn, variable_groups, rng_groups, publish_results_fn)`
-  """
-  # pylint: disable=protected-access
-  user_scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
-  tie_sources = ties_lib.lifted_sources(user_scopes, name)
-  scopes, paths = _dedup_scopes(
-      list(user_scopes) + [scope for scope, _ in tie_sources])
-  rngs_only = [any(s is scope and only for s, only in tie_sources)
-               for scope in scopes]
-  with_variables = [s for s, only in zip(scopes, rngs_only) if not only]
-
-  variable_groups_xs = []
-
-  for scope, only in zip(scopes, rngs_only):
-    scope._validate_trace_level()
-    scope._populate_collections()
-    variable_groups_xs.append(group_collections(
-        {} if only else ties_lib.lifted_variables(scope, with_variables),
-        in_variable_filters))
-  variable_groups_xs_t = _transpose(variable_groups_xs)
-
-  # Make sure that in-only variable collections are frozen
-  for variable_group_xs in variable_groups_xs_t:
-    for variable_group in variable_group_xs:
-      for col_name, collection in variable_group.items():
-        col_in_out = any(
-            in_filter(col_filter, col_name)
-            for col_filter in out_variable_filters
-        )
-        if not col_in_out:
-          variable_group[col_name] = freeze(collection)
-  rng_groups_xs = []
-  inner_rng_counters = []
-  for scope in scopes:
-    rng_counters = scope.rng_counters
-    rng_groups = group_collections(scope.rngs, rng_filters)
-    rng_groups_xs.append(rng_groups)
-    inner_rng_counters.append(rng_counters)
-  rng_groups_xs_t = _transpose(rng_groups_xs)
-
-  def scope_fn(
-      variable_groups_xs_t,
-      rng_groups_xs_t,
-      mutable_filter: CollectionFilter = True,
-  ):
-    inner_scopes = []
-    mutable: Filter = False
-    for out_filter in out_variable_filters:
-      mutable = union_filters(mutable, out_filter)
-    # could be () in the edge case where no rngs or variable_groups are lifted
-    # in this case fallback to ((),) * len(scopes) to make sure the zip has
-    # something to iterate over for each scope.
-    variable_groups_xs = _transpose(variable_groups_xs_t) or ((),) * len(
-        scopes
-    )
-    rng_groups_xs = _transpose(rng_groups_xs_t) or ((),) * len(scopes)
-    assert len(variable_groups_xs) == len(scopes)
-    assert len(rng_groups_xs) == len(scopes)
-    for variable_groups, rng_groups, scope, rng_counters in zip(
-        variable_groups_xs, rng_groups_xs, scopes, inner_rng_counters
-    ):
-      variables = {}
-      rngs = {}
-      for variable_group in variable_groups:
-        variables.update(variable_group)
-      for rng_group in rng_groups:
-        rngs.update(rng_group)
-      # make sure variable dicts are cloned and can't be manipulated by ref
-      # sharing.
-      variables = jax.tree_util.tree_map(lambda x: x, variables)
-      scope_mutable = intersect_filters(
-          intersect_filters(scope.mutable, mutable), mutable_filter
-      )
-      new_debug_path = scope.debug_path
-      if name:
-        if new_debug_path:
-          new_debug_path = new_debug_path[:-1] + (
-              f'{name}({new_debug_path[-1]})',
-          )
-        else:
-          new_debug_path = (f'{name}()',)
-      inner_scope = Scope(
-          variables,
-          name=scope.name,
-          rngs=rngs,
-          mutable=scope_mutable,
-          parent=None,
-          path=scope.path,
-          debug_path=new_debug_path,
-          flags=scope.flags,
-      )
-      inner_scope.rng_counters = rng_counters
-      inner_scopes.append(inner_scope)
-    ties_lib.link_inner_scopes(scopes, inner_scopes, name, rngs_only)
-    inner_scopes = _dup_scopes(scopes, inner_scopes, paths)
-    return treedef.unflatten(inner_scopes[: len(user_scopes)])
-
-  def repack_fn(inner_scope_tree):
-    inner_scopes = treedef.flatten_up_to(inner_scope_tree)
-    if tie_sources:
-      inner_scopes = list(inner_scopes) + _dup_scopes(
-          scopes, ties_lib.inner_scopes_of(inner_scopes), paths
-      )[len(user_scopes):]
-    inner_scopes, inner_paths = _dedup_scopes(inner_scopes)
-    inner_scopes = list(inner_scopes)
-    assert [p for _, p in paths] == [p for _, p in inner_paths]
-    out_variable_groups_xs = []
-    for inner_scope in inner_scopes:
-      inner_scope.invalidate()
-      inner_scope._validate_trace_level()
-      mutable_variables = {
-          key: val
-          for key, val in inner_scope._variables.items()
-          if in_filter(inner_scope.mutable, key)
-      }
-      out_variable_groups = group_collections(
-          mutable_variables, tuple(out_variable_filters) + (True,)
-      )
-      remainder = tuple(out_variable_groups[-1].keys())
-      if remainder:
-        raise ValueError(f'unmapped output variables: {remainder}')
-      out_variable_groups_xs.append(out_variable_groups[:-1])
-
-    return _transpose(out_variable_groups_xs)
-
-  def publish_results_fn(out_variable_groups_xs_t):
-    out_variable_groups_xs = _transpose(out_variable_groups_xs_t)
-    for scope, out_variable_groups, rng_counters in zip(
-        scopes, out_variable_groups_xs, inner_rng_counters
-    ):
-      for out_variable_group in out_variable_groups:
-        for col_name, collection in out_variable_group.items():
-          if not scope.is_mutable_collection(col_name):
-            # Some lifted transforms like scan return redundant variables.
-            continue
-          for var_name, value in collection.items():
-            scope.put_variable(col_name, var_name, value)
-
-  return (
-      scope_fn,
-      repack_fn,
-      variable_groups_xs_t,
-      rng_groups_xs_t,
-      publish_results_fn,
-  )
-
-
 def tie(
     fn: Callable[..., Any],
     ties: Mapping[str, Any],
@@ -1103,12 +923,13 @@ def tie(
   program order, and gradients with respect to the source sum over all uses:
   the two paths behave exactly as one module instance called at two places.
 
-  Unlike a tie made by hand with ``map_variables``, the tie takes part in the
-  lifted transforms' scope rewriting: when ``checkpoint``/``remat``, ``jit``,
-  ``map_variables``, ``cond``, ``switch`` or ``while_loop`` lift a scope that
-  contains a tied target, the source's scope is lifted with it. Inside ``vmap``
-  and ``scan`` (and ``vjp``/``jvp``/``custom_vjp``), a source outside the
-  transform is a broadcast, read-only value. Each call site is traced once.
+  The tie is state of the scope ``fn`` receives, so it is in force in every
+  scope derived from it, the inner scopes of lifted transforms included: when
+  ``checkpoint``/``remat``, ``jit``, ``map_variables``, ``cond``, ``switch`` or
+  ``while_loop`` lift a scope that contains a tied target, the source's scope
+  is lifted with it. Inside ``vmap`` and ``scan`` (and ``vjp``/``jvp``/
+  ``custom_vjp``), a source outside the transform is a broadcast, read-only
+  value. Each call site is traced once.
 
   Example::
 
@@ -1124,6 +945,8 @@ def tie(
     >>> y, variables = init(tied)(jax.random.key(0), jnp.ones((1, 3)))
     >>> sorted(variables['params'])  # 'b' is not stored: it is 'a'
     ['a']
+    >>> bool((apply(tied)(variables, jnp.ones((1, 3))) == y).all())
+    True
 
   Args:
     fn: the scope function whose variables are tied. When ``fn`` receives
@@ -1145,21 +968,19 @@ def tie(
 
   Raises:
     TieError: at declaration for a self-tie, a cycle, a tie between a module
-      and its ancestor, values given for a target at ``apply``, or a tied
-      collection that is absent; at use for a write that cannot land or
-      through a view; at the end of ``init`` for a target or source that does
-      not exist (naming the nearest existing names).
+      and its ancestor, or two sources for one target; at use for values
+      given for a target, a source that is not stored, a write that cannot
+      land or goes through a view; when the call of an ``init`` returns, for a
+      target or source that does not exist (naming the nearest existing
+      names) or a target that does not match its source.
   """
-
   def wrapper(scope_tree, *args, **kwargs):
-    scopes, treedef = jax.tree_util.tree_flatten(
-        scope_tree, is_leaf=lambda x: isinstance(x, Scope))
-    declaring = scopes[-1]
-    resolved = tie_spec.normalize(ties, collections, declaring.path)
-    tie_checks.check_apply(declaring, resolved)
-    scopes[-1] = ties_lib.declare(declaring, resolved)
-    y = fn(treedef.unflatten(scopes), *args, **kwargs)
-    tie_checks.check_init(scopes[-1], resolved)
+    declaring = jax.tree_util.tree_leaves(
+        scope_tree, is_leaf=lambda x: isinstance(x, Scope))[-1]
+    declared = ties_lib.declare(
+        declaring, tie_spec.normalize(ties, collections, declaring.path))
+    y = fn(scope_tree, *args, **kwargs)
+    ties_lib.check_init(declaring, declared)
     return y
 
   return wrapper

@@ -98,6 +98,10 @@ def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
   names = sorted(node) if isinstance(node, Mapping) else []
   near = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
   where = text(base + path[:depth])
+  dotted = path[depth].split('.')
+  if len(dotted) > 1 and all(dotted):
+    return (f' Paths are "/"-separated: for {path[depth]!r} write'
+            f' {"/".join(dotted)!r}.')
   if near:
     return f' Nearest existing names under {where}: {", ".join(near)}.'
   return f' Names that exist under {where}: {", ".join(names) or "none"}.'
@@ -144,6 +148,12 @@ def normalize(ties: Mapping[str, Any], collections: Any,
       spec, view = spec
     target = _parse_path(target_text, declared_at, 'target')
     source = _parse_path(spec, declared_at, 'source')
+    if target in raw and raw[target][:2] != (source, view):
+      raise TieError(
+          f'Ties {raw[target][2]!r} and {target_text!r} declared at'
+          f' {text(declared_at)} both name {text(target)}, with different'
+          f' sources ({text(raw[target][0])} and {text(source)}). A target'
+          ' has one source: keep one of them.')
     if target == source:
       raise TieError(
           f'Tie {target_text!r} -> {spec!r} declared at {text(declared_at)}'

@@ -14,33 +14,34 @@
 
 """Tied variables: one stored variable reachable under two paths.
 
-A *tie* declares that the variables of a target path (a module, or one
-variable) in some collections *are* those of a source path. ``lift.tie``
-records its ties in the scope ``flags``, which Flax hands to every child scope
-and to every inner scope of a lifted transform, so a tie is known wherever its
-target is used. The rules, each stated once:
+A tie is state of the scope that declares it: :func:`declare` records its
+:class:`~flax.core.tie_spec.Tie` records in that scope's ``flags``, which Flax
+hands to every scope derived from it (``push``, ``rewound``, and the inner
+scopes of every lifted transform). So a tie is in force wherever its target is
+used: in every method, in ``setup``, under ``bind`` and ``apply(method=...)``.
+The rules, each stated once:
 
-* **Storage** (:func:`locate`). A target scope reads and writes its source's
-  collection dict; a tied variable is read and written through its parent's
-  collection (:class:`_TiedCollection`). Reads see the current value, writes
-  land in program order, gradients sum over all uses.
-* **Lifting** (:func:`lifted_sources`). A transform that lifts a scope holding
-  a target lifts the source's scope with it, as Flax lifts a Module passed in
-  as an attribute. A transform that maps over an axis (``vmap``, ``scan``)
-  lifts only the source's rngs (split like every lifted scope's) and sees its
-  variables as a broadcast, read-only value; one that differentiates with
-  respect to the lifted variables (``vjp``, ``jvp``, ...) sees the source as a
-  closure. A lifted scope that is itself a target carries its source's
-  variables, so a tied scanned stack is scanned like its source.
-* **Rngs** (:func:`_share_rngs`). Outside ``init``, a module-level tie of
-  ``params`` makes the target the same module instance: it draws from the
-  source's rng streams and counters, derived by ``Scope.push``.
-* **Init** (:func:`_initializes`). While initializing, a ``params`` target
-  initializes its own copy, as if untied, and so does a target of another
-  collection whose source does not exist yet; when the declaring call
-  returns, ``tie_checks.check_init`` checks each copy against the source and
-  drops it. The stored values are therefore the source's own, whichever use
-  runs first.
+* **Storage** (:func:`_resolve`). A target scope's collection *is* its
+  source's dict, kept where Flax keeps a scope's collections; a scope below a
+  target reaches it through its parent, as in Flax. A tied variable is read
+  and written through its parent's collection (:class:`_TiedCollection`).
+* **Reach** (:func:`_base`). The source is found up the parents, then among
+  the inner roots of the same lifted transform, then outside it. What lies
+  outside a transform is a closed-over, read-only value.
+* **Lifting** (:func:`lifted_sources`). What a transform does with a source
+  outside it is its own declaration (:data:`CROSSINGS`): lift it with the
+  target (as Flax lifts a Module attribute), lift only its rngs (a mapped
+  transform: the variables are broadcast), or read it as a closure.
+* **Rngs** (:func:`_share_rngs`). A module-level ``params`` target draws from
+  its source's rng streams: outside ``init`` with the source's counters (one
+  module called twice); during ``init`` with fresh counters, so that a copy
+  it initializes equals what the source draws.
+* **Init.** A ``params`` target works on a copy that starts as its source's
+  variables; a variable the source lacks (or all of them, if the target runs
+  first) is initialized into the copy. Other collections use the source once
+  it exists, so writes land as in one module. When the declaring call
+  returns, :func:`check_init` checks each copy against its source and drops
+  it: the stored values are the source's, whichever use runs first.
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ from typing import Any
 
 import jax
 
+from flax import errors as flax_errors
 from flax.core.frozen_dict import FrozenDict
-from flax_tieext import errors
+from flax.core.frozen_dict import freeze
 from flax_tieext.core.tie_spec import (
     Path,
     Tie,
     apply_view,
     check_like,
+    did_you_mean,
+    flatten,
     is_box,
     is_within,
     named_collections,
@@ -69,18 +73,43 @@ from flax_tieext.core.tie_spec import (
 )
 
 TIES_FLAG = '__ties__'
-
-# What a transform does with the variables it lifts decides what it does with a
-# tie source outside it. ``pack`` does not record it, so it is stated here, by
-# pack name; any other transform lifts a source like a Module attribute.
-_MAPS = frozenset({'vmap', 'scan'})
-_DIFFERENTIATES = frozenset({'vjp', 'jvp', 'value_and_grad', 'custom_vjp'})
-_CACHES_TRACES = frozenset({'jit'})  # a closed-over value would go stale
+# On an inner root of a lifted transform (and the scopes below it): what that
+# root stands for (a _Lift). Flags, so that rewound() keeps it.
+LIFT_FLAG = '__tie_lift__'
 
 
-# ---------------------------------------------------------------------------
-# Declaring ties
-# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Crossing:
+  """What a lifted transform does with a tie source that lies outside it.
+
+  Attributes:
+    lifts: the source's scope is lifted with the target, with its variables
+      (as Flax lifts a Module attribute). Otherwise the source is read as a
+      closed-over, read-only value.
+    maps: the transform maps over an axis: the source's rngs are lifted (and
+      split like every lifted scope's), its variables stay a broadcast value.
+    caches_trace: the transform reuses its trace, so a closed-over source
+      would go stale.
+  """
+
+  lifts: bool = False
+  maps: bool = False
+  caches_trace: bool = False
+
+
+LIFT = Crossing(lifts=True)
+# What each of Flax's lifted transforms does with a tie source outside it, by
+# the name it gives pack. Upstream this is pack's ``tie_sources`` argument,
+# passed by each transform; a transform that declares nothing gets a TieError
+# when a tie source lies outside it, never a guess.
+CROSSINGS = {
+    'remat': LIFT, 'cond': LIFT, 'switch': LIFT, 'while_loop': LIFT,
+    'map_variables': LIFT, 'fold_rngs': LIFT,
+    'jit': Crossing(lifts=True, caches_trace=True),
+    'vmap': Crossing(maps=True), 'scan': Crossing(maps=True),
+    'vjp': Crossing(), 'jvp': Crossing(), 'value_and_grad': Crossing(),
+    'custom_vjp': Crossing(),
+}
 
 
 def ties_in_force(scope) -> tuple[Tie, ...]:
@@ -88,19 +117,25 @@ def ties_in_force(scope) -> tuple[Tie, ...]:
 
 
 def declare(scope, ties: tuple[Tie, ...]):
-  """Returns a scope like ``scope`` (a rewound copy) with ``ties`` in force."""
-  scope._check_valid()  # pylint: disable=protected-access
-  targets = {t.target for t in ties}
-  flags = dict(scope.flags)
-  flags[TIES_FLAG] = tuple(
-      t for t in ties_in_force(scope) if t.target not in targets) + ties
-  new = type(scope)(scope._variables, None, scope.name, scope.mutable,  # pylint: disable=protected-access
-                    scope.parent, path=scope.path,
-                    debug_path=scope.debug_path, flags=flags)
-  new.rngs, new.rng_counters = scope.rngs, scope.rng_counters
-  new._tie_lift = scope._tie_lift  # pylint: disable=protected-access
-  _share_rngs(new)
-  return new
+  """Puts ``ties`` in force at ``scope`` and at every scope derived from it.
+
+  ``scope`` is changed in place, as its constructor would have set it: a tie
+  is state of the scope that declares it. A tie equal to one already in force
+  is kept as it is, so declaring again (an inner clone of a lifted module) is
+  a no-op; one for the same target and collections replaces it.
+
+  Returns:
+    The ties in force that ``ties`` declared (those already in force kept).
+  """
+  present = ties_in_force(scope)
+  new = {(t.target, t.collections) for t in ties}
+  kept = tuple(t for t in present
+               if t in ties or (t.target, t.collections) not in new)
+  added = tuple(t for t in ties if t not in kept)
+  if added or len(kept) != len(present):
+    scope.flags = freeze({**scope.flags, TIES_FLAG: kept + added})
+    _share_rngs(scope)
+  return tuple(t for t in kept + added if t in ties)
 
 
 # ---------------------------------------------------------------------------
@@ -114,159 +149,185 @@ class _Lift:
 
   outer: Any  # the outer scope
   siblings: tuple  # the inner roots of the same pack (tie sources included)
-  transform: str  # the pack's name
-  rngs_only: bool  # a tie source lifted for its rngs only
-  closure: str | None  # the mapping transform its variables are broadcast by
+  name: str  # the pack's name
+  rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
+  closure: str | None  # the transform whose closed-over values it holds
 
 
-def _reach(scope, path: Path, rngs: bool = False):
-  """A scope at or above ``path`` seen from ``scope``: ``(scope, crossed)``.
+def _lift(scope) -> _Lift | None:
+  """What the root of ``scope`` stands for, if it is an inner root of a pack."""
+  return scope.root.flags.get(LIFT_FLAG)
+
+
+def _tie_for(scope, path: Path, col: str) -> Tie | None:
+  """The tie in force at ``scope`` whose target is ``path``, in ``col``."""
+  found = None
+  for t in ties_in_force(scope):
+    if t.target == path and t.applies_to(col):
+      found = t  # the last one declared wins
+  return found
+
+
+def _base(scope, path: Path, rngs: bool = False):
+  """``(scope at or above path, names of the transforms crossed)``.
 
   Walks up the parents, then over the inner roots of the same lifted
-  transform, then out of the transform (``crossed`` names the transforms whose
-  boundary was crossed: what lies beyond is only a closed-over value).
+  transform (a root lifted for its rngs only counts for ``rngs``), then out of
+  the transform. Beyond a crossed transform, variables are closed over.
   """
-  crossed = []
+  crossed = ()
   while scope is not None:
     s = scope
     while s is not None:
       if is_within(path, s.path):
-        return s, tuple(crossed)
+        return s, crossed
       s = s.parent
-    lift = scope.root._tie_lift  # pylint: disable=protected-access
+    lift = _lift(scope)
     if lift is None:
       break
     for sib in lift.siblings:
-      if sib is scope.root or not is_within(path, sib.path):
-        continue
-      info = sib._tie_lift  # pylint: disable=protected-access
-      if rngs or not info.closure:
-        return sib, tuple(crossed)
-      if not info.rngs_only:  # a broadcast value, lifted again
-        return sib, tuple(crossed) + (info.closure,)
-    crossed.append(lift.transform)
+      info = _lift(sib)
+      if (sib is not scope.root and is_within(path, sib.path)
+          and (rngs or not info.rngs_only)):
+        return sib, crossed + ((info.closure,) if info.closure else ())
+    crossed += (lift.name,)
     scope = lift.outer
-  return None, tuple(crossed)
+  return None, crossed
 
 
-def locate(scope, path: Path, col: str, rngs: bool = False):
-  """Where ``path`` is stored in ``col``, seen from ``scope``.
-
-  Follows every tie on the way (the innermost target wins, so chains resolve
-  across declarations). Returns ``(base, rest, crossed)``: a scope ``base``
-  whose path is a prefix of the stored path, the remaining names, and the
-  transforms crossed (see :func:`_reach`); ``base`` is None when unreachable.
-  """
-  seen = [path]
-  crossed: tuple[str, ...] = ()
-  while True:
-    new = _follow(scope, path, col)
-    if new is None:
-      base, more = _reach(scope, path, rngs)
-      crossed += more
-      if base is None:
-        return None, path, crossed
-      new = _follow(base, path, col, len(base.path))
-      if new is None:
-        return base, path[len(base.path):], crossed
-      scope = base
-    if new in seen:
-      raise errors.TieError(
-          'Ties declared at different modules form a cycle: '
-          + ' -> '.join(text(p) for p in seen + [new])
-          + f' (collection {col!r}). Pick one stored source.')
-    seen.append(new)
-    path = new
+def _push_to(scope, path: Path):
+  """A scope at ``path`` below ``scope``, built as Flax builds one."""
+  for name in path[len(scope.path):]:
+    scope = scope.rewound().push(name, reuse=True)
+  return scope
 
 
-def _follow(scope, path: Path, col: str, below: int = -1) -> Path | None:
-  """Where the innermost tie in force at ``scope`` maps ``path``, or None.
-
-  Inside a lifted transform, a tie whose target holds an inner root that
-  holds ``col`` was already followed when the root was lifted: the root's
-  data is the source's.
-  """
-  root, best = scope.root, None
-  lifted = col in root._variables and is_within(path, root.path)  # pylint: disable=protected-access
-  for t in ties_in_force(scope):
-    if (t.view is None and len(t.target) > below
-        and (best is None or len(t.target) > len(best.target))
-        and is_within(path, t.target)
-        and not (lifted and is_within(root.path, t.target))
-        and t.applies_to(col)):
-      best = t
-  return None if best is None else best.source + path[len(best.target):]
+def reach(scope, path: Path, rngs: bool = False):
+  """``(scope at path, transforms crossed)``; ties on the way are followed."""
+  base, crossed = _base(scope, path, rngs)
+  return (None if base is None else _push_to(base, path)), crossed
 
 
 def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
-  base, _ = _reach(scope, path)
+  base, _ = _base(scope, path)
   if base is None:
     return None
   root = base.root
   return walk(root._variables.get(col), path[len(root.path):])  # pylint: disable=protected-access
 
 
-def _tie_of(scope, path: Path, col: str, exact: bool = True) -> Tie | None:
-  """The innermost tie at ``scope`` whose target is (or holds) ``path``."""
-  found = [t for t in ties_in_force(scope) if (
-      t.target == path if exact else is_within(path, t.target))
-           and t.applies_to(col)]
-  return max(found, key=lambda t: len(t.target), default=None)
+def _names(crossed) -> str:
+  return ' and '.join(f'nn.{name}' for name in crossed)
 
 
-def _storage(scope, tie: Tie, col: str, write: bool):
-  """``(storage, crossed)``: what ``tie``'s target uses in ``col`` (None: own).
+def _maps(crossed) -> bool:
+  """Whether a crossed transform maps over an axis (its sources broadcast)."""
+  return any(CROSSINGS.get(name, LIFT).maps for name in crossed)
 
-  While initializing, a target may initialize its own copy (see
-  :func:`_initializes`). Otherwise a target uses its source's storage; across
-  a transform boundary the source is a closed-over, read-only value, except
-  for a lifted root that is itself the target: it keeps what the transform
-  lifted for it.
-  """
-  base, rest, crossed = locate(
-      scope, tie.source + scope.path[len(tie.target):], col)
-  if base is None:
-    raise tie_error(
-        f'Cannot reach the source of the {tie.describe(col)} from'
-        f' {scope.path_text}.',
-        'Declare the tie at a module that contains both paths.')
-  lifted_target = (scope.parent is None and scope.path == tie.target
-                   and scope.is_mutable_collection(col))
-  if (crossed and lifted_target) or _initializes(
-      scope, col, crossed, lambda: walk(base._collection(col), rest)):  # pylint: disable=protected-access
-    return None, crossed
-  if not crossed:
-    node = base._mutable_collection(col) if write else base._collection(col)  # pylint: disable=protected-access
-    for name in rest:
-      if write:
-        node = node.setdefault(name, {})
-      elif isinstance(node, Mapping) and name in node:
-        node = node[name]
-      else:
-        return _missing(scope, tie, col), crossed
-    return node, crossed
-  refuse_stale(scope, tie, col, crossed)
-  node = walk(base._collection(col), rest)  # pylint: disable=protected-access
-  if write or not node:
-    what = 'A write to' if write else 'Initializing'
-    inside = is_within(tie.declared_at, scope.root.path)
-    raise tie_error(
-        f'{what} {text(tie.target)} in collection {col!r} cannot land in its'
-        f' source {text(tie.source)}: the {tie.describe(col)} is used inside'
-        f' {" and ".join(crossed)} at {scope.path_text}, and the source lies'
-        ' outside it, where it is a read-only (broadcast) value.',
-        'Declare the tie at the common ancestor of both paths, outside the'
-        f' {crossed[0]}.' if inside else '',
-        f'Run the source {text(tie.source)} before the {crossed[0]}, so that'
-        ' it exists when the target reads it.' if not write else '',
-        f'Write to the source outside the {crossed[0]}.' if write else '')
-  return node, crossed
+
+# ---------------------------------------------------------------------------
+# Scope hooks (installed on flax.core.scope.Scope)
+# ---------------------------------------------------------------------------
+
+
+def _resolve(scope, tie: Tie, col: str, write: bool, original):
+  """The collection ``col`` of ``scope``, the target of ``tie``."""
+  initializing = (scope.get_flag('initializing', False)
+                  and scope.is_mutable_collection(col))
+  if not initializing:
+    given = stored(scope, scope.path, col)
+    if given:
+      raise tie_error(
+          f'Values were given for {text(tie.target)} in collection {col!r},'
+          f' but it is the target of the {tie.describe()}: only the source'
+          f' {text(tie.source)} is stored, so they would be ignored.',
+          'Convert variables saved from an untied model with'
+          ' tie_variables(variables, ties), which checks that each target'
+          ' equals its source and removes it.')
+  source, crossed = reach(scope, tie.source)
+  if source is None:
+    raise tie_error(f'Cannot reach the source of the {tie.describe(col)} from'
+                    f' {scope.path_text}.',
+                    'Declare the tie at a module that contains both paths.')
+  if initializing and not _maps(crossed):
+    node = source._collection(col)  # pylint: disable=protected-access
+    if col == 'params' or crossed or not node:
+      if node:
+        refuse_stale(scope, tie, col, crossed)
+      if col != 'params' and not write:
+        return original(scope, col)  # nothing of its own yet
+      own = _own(scope, col)  # a copy, checked and dropped by check_init
+      _fill(own, node, tie)
+      return own
+  tie.used.add(col)
+  if crossed:  # a closed-over value: read-only, never cached
+    refuse_stale(scope, tie, col, crossed)
+    if write:
+      raise _cannot_land(scope, tie, col, crossed, 'A write to')
+    node = source._collection(col)  # pylint: disable=protected-access
+    if not node:
+      raise _cannot_land(scope, tie, col, crossed, 'Initializing')
+    return freeze(_viewed(tie, node))
+  if write and tie.view is None:
+    node = source._mutable_collection(col)  # pylint: disable=protected-access
+  else:
+    node = source._collection(col)  # pylint: disable=protected-access
+    if not node and not isinstance(node, dict):
+      return _missing(scope, tie, col)
+  if tie.view is not None:
+    if write:
+      raise _read_only(tie, col, scope)
+    return _viewed(tie, node)
+  scope._variables[col] = node  # pylint: disable=protected-access
+  return node
+
+
+def _viewed(tie: Tie, node):
+  if tie.view is None:
+    return node
+  return jax.tree_util.tree_map(lambda x: apply_view(tie, x), node,
+                                is_leaf=is_box)
+
+
+def _own(scope, col: str):
+  """The scope's own dict of ``col``, created where Flax creates it."""
+  if scope.parent is None:
+    return scope._variables.setdefault(col, {})  # pylint: disable=protected-access
+  own = scope.parent._mutable_collection(col).setdefault(scope.name, {})  # pylint: disable=protected-access
+  scope._variables[col] = own  # pylint: disable=protected-access
+  return own
+
+
+def _fill(own, source, tie: Tie):
+  """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared)."""
+  if not isinstance(source, Mapping):
+    return
+  for name, value in source.items():
+    if isinstance(value, Mapping):
+      _fill(own.setdefault(name, {}), value, tie)
+    elif name not in own:
+      own[name] = apply_view(tie, value)
+
+
+def _missing(scope, tie: Tie, col: str):
+  if scope.is_mutable_collection(col):
+    return FrozenDict()
+  raise tie_error(
+      f'The source {text(tie.source)} of the {tie.describe(col)} is not'
+      f' stored (looked up from {scope.path_text}).'
+      + nearest(stored(scope, (), col) or {}, tie.source[len(scope.root.path):],
+                scope.root.path),
+      'Fix the source path (paths are relative to the module that declares'
+      ' the tie; a leading "/" starts at the root module).',
+      "Pass the source's variables to apply (init them with a method that"
+      ' runs the source).')
 
 
 def refuse_stale(scope, tie: Tie, col: str, crossed):
   """A closed-over source inside a transform that caches its trace is stale."""
-  where = next((t for t in crossed if t in _CACHES_TRACES), None)
+  where = next((name for name in crossed
+                if CROSSINGS.get(name, LIFT).caches_trace), None)
   if where is not None:
     raise tie_error(
         f'The {tie.describe(col)} is used inside nn.{where} at'
@@ -277,83 +338,73 @@ def refuse_stale(scope, tie: Tie, col: str, crossed):
         f' {where}.')
 
 
-def _initializes(scope, col: str, crossed, source_exists) -> bool:
-  """Whether a target at ``scope`` initializes its own copy of ``col``.
-
-  Only while initializing. Parameters always get a copy, checked against the
-  source and dropped when the declaring call returns
-  (``tie_checks.check_init``), so the stored values are the source's
-  whichever use runs first. Another
-  collection uses its source once it exists, so that the target's writes land
-  as in one shared module. A source outside a mapping transform is never
-  copied: it is a broadcast value.
-  """
-  return (scope.get_flag('initializing', False)
-          and scope.is_mutable_collection(col) and not set(crossed) & _MAPS
-          and (bool(crossed) or col == 'params' or not source_exists()))
-
-
-def _missing(scope, tie: Tie, col: str):
-  if scope.is_mutable_collection(col):
-    return FrozenDict()
-  raise tie_error(
-      f'The source {text(tie.source)} of the {tie.describe(col)} is not'
-      f' stored (looked up from {scope.path_text}).'
-      + nearest(stored(scope, (), col) or {},
-                tie.source[len(scope.root.path):], scope.root.path),
-      'Fix the source path (paths are relative to the module that declares'
-      ' the tie; a leading "/" starts at the root module).',
-      "Pass the source's variables to apply.")
+def _cannot_land(scope, tie: Tie, col: str, crossed, what: str):
+  inside = is_within(tie.declared_at, scope.root.path)
+  where = _names(crossed)
+  first = crossed[0]
+  return tie_error(
+      f'{what} {text(tie.target)} in collection {col!r} cannot land in its'
+      f' source {text(tie.source)}: the {tie.describe(col)} is used inside'
+      f' {where} at {scope.path_text}, and the source lies outside it, where'
+      ' it is a read-only (broadcast) value.',
+      'Declare the tie at the common ancestor of both paths, outside the'
+      f' {first}.' if inside else '',
+      f'Run the source {text(tie.source)} before the {first}, so that it'
+      ' exists when the target reads it.' if what == 'Initializing' else '',
+      f'Write to the source outside the {first}.' if what != 'Initializing'
+      else '')
 
 
-# ---------------------------------------------------------------------------
-# Scope hooks (installed on flax.core.scope.Scope)
-# ---------------------------------------------------------------------------
+def _read_only(tie: Tie, col: str, scope) -> Exception:
+  return tie_error(
+      f'Cannot write to {text(tie.target)} in collection {col!r} at'
+      f' {scope.path_text}: the {tie.describe(col)} gives a derived,'
+      ' read-only view of the source.',
+      f'Write to the source {text(tie.source)} instead.',
+      'Tie without a view_fn.')
+
+
+def _tied(scope, col: str, write: bool, original):
+  """``original(scope, col)``, seen through the ties in force at ``scope``."""
+  tie = None
+  if col not in scope._variables:  # pylint: disable=protected-access
+    if not scope.is_mutable_collection(col):
+      _check_present(scope, col)
+    tie = _tie_for(scope, scope.path, col)
+  node = (original(scope, col) if tie is None
+          else _resolve(scope, tie, col, write, original))
+  named = {t.target[-1]: t for t in ties_in_force(scope)
+           if t.target[:-1] == scope.path and len(t.target) > len(scope.path)
+           and t.applies_to(col)}
+  return _TiedCollection(scope, col, node, named) if named else node
+
+
+def _check_present(scope, col: str):
+  """A tied collection that is used must be given (or be mutable)."""
+  tie = next((t for t in ties_in_force(scope)
+              if col in named_collections(t.collections)), None)
+  if tie is not None and col not in visible_collections(scope):
+    given = visible_collections(scope)
+    raise tie_error(
+        f'The {tie.describe()} ties collection {col!r}, which'
+        f' {scope.path_text} uses, but the variables have no collection'
+        f' {col!r} and it is not mutable (collections given:'
+        f' {", ".join(map(repr, sorted(given))) or "none"}).'
+        + did_you_mean(col, given),
+        f'Pass it to apply: variables={{..., {col!r}: ...}}.',
+        f'Make it mutable: apply(..., mutable=[{col!r}]).')
 
 
 def _hook(original):
   return functools.wraps(original)
 
 
-def _tied(scope, col: str, write: bool, original):
-  """``original(scope, col)``, seen through the ties in force at ``scope``."""
-  if TIES_FLAG not in scope.flags:
-    return original(scope, col)
-  borrowed = scope._tie_borrowed  # pylint: disable=protected-access
-  if borrowed is not None and col in borrowed:
-    return borrowed[col]
-  tie = None
-  if col not in scope._variables:  # pylint: disable=protected-access
-    tie = _tie_of(scope, scope.path, col)
-    lift = scope._tie_lift  # pylint: disable=protected-access
-    if (tie is None and lift is not None and not write
-        and not scope.is_mutable_collection(col)
-        and _tie_of(scope, scope.path, col, exact=False)):
-      # An inner root below a target, without the collection lifted: it
-      # reads what its outer scope reads (a closed-over, read-only value).
-      return lift.outer._collection(col)  # pylint: disable=protected-access
-  node, crossed = _storage(scope, tie, col, write) if tie else (None, ())
-  if node is None:
-    node = original(scope, col)
-  elif tie.view is not None:
-    if write:
-      raise _read_only(tie, col, scope)
-    return jax.tree_util.tree_map(lambda x: apply_view(tie, x), node,
-                                  is_leaf=is_box)
-  else:
-    tie.used.add(col)
-    if not crossed and (node or isinstance(node, dict)):  # not a placeholder
-      scope._tie_borrowed = {**(borrowed or {}), col: node}  # pylint: disable=protected-access
-  named = {t.target[-1]: t for t in ties_in_force(scope)
-           if len(t.target) == len(scope.path) + 1
-           and t.target[:-1] == scope.path and t.applies_to(col)}
-  return _TiedCollection(scope, col, node, named) if named else node
-
-
 def tie_aware_collection(original):
   """``Scope._collection`` that resolves ties in force."""
   @_hook(original)
   def _collection(self, col):
+    if TIES_FLAG not in self.flags:
+      return original(self, col)
     return _tied(self, col, False, original)
   return _collection
 
@@ -362,6 +413,8 @@ def tie_aware_mutable_collection(original):
   """``Scope._mutable_collection`` that writes through ties in force."""
   @_hook(original)
   def _mutable_collection(self, col):
+    if TIES_FLAG not in self.flags:
+      return original(self, col)
     return _tied(self, col, True, original)
   return _mutable_collection
 
@@ -377,74 +430,107 @@ def tie_aware_push(original):
   return push
 
 
+def tie_aware_param(original):
+  """``Scope.param`` whose shape check names both paths of a tie."""
+  @_hook(original)
+  def param(self, name, init_fn, *init_args, **init_kwargs):
+    try:
+      return original(self, name, init_fn, *init_args, **init_kwargs)
+    except flax_errors.ScopeParamShapeError:
+      target = self.path + (name,)
+      tie = max((t for t in ties_in_force(self) if is_within(target, t.target)
+                 and t.applies_to('params')),
+                key=lambda t: len(t.target), default=None)
+      if tie is None:
+        raise
+      init_kwargs.pop('unbox', None)
+      source = tie.source + target[len(tie.target):]
+      expected = jax.eval_shape(
+          lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+      found = self.get_variable('params', name)
+      check_like(dataclasses.replace(tie, target=target, source=source),
+                 'params', found, expected)
+      raise
+  return param
+
+
 def _share_rngs(scope):
-  """Gives a module-level ``params`` target its source's rngs and counters.
+  """Gives a module-level ``params`` target its source's rng streams.
 
   The tie then behaves as one module called at two places. The source scope
   is built by ``Scope.push`` on rewound copies (reserving no name), so its
-  streams are Flax's own; inside ``vmap``/``scan`` they come from the source's
-  lifted, split rngs. While initializing the target keeps its own streams:
-  its copy is dropped, and the source's values must not depend on it.
+  streams are Flax's own; inside ``vmap``/``scan`` they are the source's
+  lifted, split streams. While initializing, the counters start afresh: a copy
+  the target initializes then equals what the source draws, and the source's
+  own draws are left alone.
   """
-  tie = _tie_of(scope, scope.path, 'params')
-  if tie is None or tie.view is not None or scope.get_flag(
-      'initializing', False):
+  tie = _tie_for(scope, scope.path, 'params')
+  if tie is None or tie.view is not None:
     return
-  base, rest, _ = locate(scope, tie.source, 'params', rngs=True)
-  if base is None:
+  source, _ = reach(scope, tie.source, rngs=True)
+  if source is None:
     return
-  for name in rest:
-    base = base.rewound().push(name, reuse=True)
-  scope.rngs, scope.rng_counters = base.rngs, base.rng_counters
+  scope.rngs = source.rngs
+  scope.rng_counters = ({k: 0 for k in source.rngs}
+                        if scope.get_flag('initializing', False)
+                        else source.rng_counters)
 
 
 class _TiedCollection(MutableMapping):
-  """A scope's collection in which some names are tied variables."""
+  """A scope's collection in which some names are tied variables.
+
+  A tied name reads and writes its source variable; every other name (and a
+  tied name whose source is a module, resolved in the submodule's own scope)
+  is the scope's own. Membership, iteration and length agree.
+  """
 
   def __init__(self, scope, col: str, own, ties: dict[str, Tie]):
     self._scope, self._col, self._own, self._ties = scope, col, own, ties
 
-  def _source(self, name: str, write: bool, value: Any = None):
-    """``(parent dict, name)`` of the stored variable, or None for its own.
-
-    A name whose source (or value) is a dict is a submodule: a module-level
-    tie resolves it in the submodule's own scope.
-    """
+  def _source(self, name: str, write: bool = False):
+    """``(parent dict, name)`` of the source variable, or None for our own."""
     tie = self._ties.get(name)
-    if tie is None or isinstance(value, Mapping):
+    if tie is None:
       return None
-    base, rest, crossed = locate(self._scope, tie.source[:-1], self._col)
-    found = None if base is None else walk(
-        base._collection(self._col), rest + tie.source[-1:])  # pylint: disable=protected-access
-    if base is None or isinstance(found, Mapping) or _initializes(
-        self._scope, self._col, crossed, lambda: found is not None):
-      return None
-    if tie.view is not None and write:
-      raise _read_only(tie, self._col, self._scope)
-    tie_at_parent = dataclasses.replace(tie, target=tie.target[:-1],
-                                        source=base.path + rest)
-    parent, _ = _storage(self._scope, tie_at_parent, self._col, write)
-    if parent is None:
-      return None
-    tie.used.add(self._col)
-    return parent, tie.source[-1]
+    scope, col = self._scope, self._col
+    parent, crossed = reach(scope, tie.source[:-1])
+    node = None if parent is None else parent._collection(col)  # pylint: disable=protected-access
+    found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
+    if parent is None or isinstance(found, Mapping):
+      return None  # a submodule: its own scope resolves the tie
+    if (scope.get_flag('initializing', False) and not _maps(crossed)
+        and scope.is_mutable_collection(col)
+        and (found is None or write and col == 'params')):
+      return None  # a copy, checked and dropped by check_init
+    if crossed:
+      refuse_stale(scope, tie, col, crossed)
+      if write or found is None:
+        raise _cannot_land(scope, tie, col, crossed,
+                           'A write to' if write else 'Initializing')
+    elif found is None and not scope.is_mutable_collection(col):
+      raise _missing_variable(scope, tie, col, node)
+    if write and tie.view is not None:
+      raise _read_only(tie, col, scope)
+    tie.used.add(col)
+    if write:
+      node = parent._mutable_collection(col)  # pylint: disable=protected-access
+    return node, tie.source[-1]
 
   def __getitem__(self, name):
-    where = self._source(name, False)
+    where = self._source(name)
     if where is None:
       return self._own[name]
     parent, key = where
     if key not in parent:
       raise KeyError(name)
-    tie = self._ties[name]
-    return parent[key] if tie.view is None else apply_view(tie, parent[key])
+    return apply_view(self._ties[name], parent[key])
 
   def __contains__(self, name):
-    where = self._source(name, False)
+    where = self._source(name)
     return name in self._own if where is None else where[1] in where[0]
 
   def __setitem__(self, name, value):
-    where = self._source(name, True, value)
+    where = self._source(name, write=True)
     if where is None:
       self._own[name] = value
       return
@@ -457,19 +543,32 @@ class _TiedCollection(MutableMapping):
     del self._own[name]
 
   def __iter__(self) -> Iterator[str]:
-    return iter(self._own)
+    yield from self._own
+    for name in self._ties:
+      if name not in self._own and name in self:
+        yield name
 
   def __len__(self) -> int:
-    return len(self._own)
+    return sum(1 for _ in self)
 
 
-def _read_only(tie: Tie, col: str, scope) -> errors.TieError:
+def _missing_variable(scope, tie: Tie, col: str, node):
+  """The source variable is not stored: say where it is, or what is near."""
+  root = scope.root
+  rest = tie.source[len(root.path):]
+  holders = sorted(c for c in root._variables  # pylint: disable=protected-access
+                   if c != col and walk(root._variables[c], rest) is not None)  # pylint: disable=protected-access
   return tie_error(
-      f'Cannot write to {text(tie.target)} in collection {col!r} at'
-      f' {scope.path_text}: the {tie.describe(col)} gives a derived,'
-      ' read-only view of the source.',
-      f'Write to the source {text(tie.source)} instead.',
-      'Tie without a view_fn.')
+      f'The source {text(tie.source)} of the {tie.describe(col)} is not'
+      f' stored (looked up from {scope.path_text}).'
+      + (f' It is a variable of collection {holders[0]!r}.' if holders else
+         nearest(node if isinstance(node, Mapping) else {},
+                 tie.source[-1:], tie.source[:-1])),
+      f'Tie collection {holders[0]!r} (collections={holders[0]!r}).'
+      if holders else
+      'Fix the source path (paths are relative to the module that declares'
+      ' the tie; a leading "/" starts at the root module).',
+      "Pass the source's variables to apply.")
 
 
 # ---------------------------------------------------------------------------
@@ -477,73 +576,101 @@ def _read_only(tie: Tie, col: str, scope) -> errors.TieError:
 # ---------------------------------------------------------------------------
 
 
-def lifted_sources(scopes, transform: str) -> list[tuple[Any, bool]]:
-  """``(scope, rngs_only)`` of each tie source to lift along with ``scopes``.
+def lifted_sources(scopes, name: str):
+  """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
 
-  For a target inside ``scopes`` whose source lies outside all of them: the
-  source's module (for a variable, its parent). See the module docstring for
-  what each transform lifts. A source not stored yet is not lifted: the
-  target initializes its own copy, and the transform sees exactly what it
-  sees without the tie (so ``nn.jit`` may reuse an untied call site's trace).
+  For a target inside ``scopes`` whose source lies outside all of them, as
+  the transform declares (:data:`CROSSINGS`): the source's scope (a
+  variable's module) with its variables, or with its rngs only, or nothing.
+  A source seen here only as a closed-over value is lifted as one, read-only.
+  A source not stored yet is not lifted: the target initializes its own copy,
+  and the transform sees exactly what it sees without the tie.
   """
-  if transform in _DIFFERENTIATES:
-    return []
-  rngs_only = transform in _MAPS
+  crossing = CROSSINGS.get(name)
   extra, paths = [], set()
   for scope in scopes:
     for tie in ties_in_force(scope):
-      if not is_within(tie.target, scope.path):
+      if not is_within(tie.target, scope.path) or any(
+          is_within(tie.source, s.path) for s in scopes):
         continue
+      if crossing is None:
+        raise tie_error(
+            f'The target of the {tie.describe()} is inside the lifted'
+            f' transform {name!r} at {scope.path_text}, and its source lies'
+            f' outside it, but {name!r} does not declare what it does with a'
+            ' tie source outside it.',
+            'Declare the tie inside the transform, with both paths inside it.')
+      if not (crossing.lifts or crossing.maps):
+        continue  # read as a closed-over value
       col = next((c for c in ('params', *named_collections(tie.collections),
-                              *scope.root._variables)  # pylint: disable=protected-access
+                              *visible_collections(scope))
                   if tie.applies_to(c)), 'params')
-      base, rest, crossed = locate(scope, tie.source, col, rngs=True)
-      if base is None or crossed:
-        continue
-      path = base.path + rest
-      lift = base.root._tie_lift  # pylint: disable=protected-access
-      seen = lift.outer if lift and lift.rngs_only else base  # a closure
-      node = walk(seen._collection(col), path[len(seen.path):])  # pylint: disable=protected-access
+      path = tie.source
+      parent, _ = reach(scope, path[:-1])
+      node = None if parent is None else walk(parent._collection(col), path[-1:])  # pylint: disable=protected-access
       if node is None or (isinstance(node, Mapping) and not node):
         continue  # nothing stored yet: the target initializes its own copy
       if not isinstance(node, Mapping):
         path = path[:-1]  # a variable: lift its module
-      if path in paths or any(is_within(path, s.path) for s in scopes) or (
-          rngs_only and any(is_within(s.path, path) for s in scopes)):
+      if path in paths or any(is_within(path, s.path) for s in scopes):
         continue
-      base, _ = _reach(scope, path, rngs=True)
-      for name in path[len(base.path):]:
-        base = base.rewound().push(name, reuse=True)
       paths.add(path)
-      extra.append((base, rngs_only))
+      source, _ = reach(scope, path, rngs=True)
+      values, crossed = reach(scope, path)
+      if crossing.maps:
+        extra.append((_detached(source, {}), source, True, None))
+      elif crossed:  # only a closed-over value here: lift it as one
+        extra.append((_detached(source, {
+            c: values._collection(c) for c in visible_collections(scope)  # pylint: disable=protected-access
+            if tie.applies_to(c)}), source, False, crossed[0]))
+      else:
+        extra.append((source, source, False, None))
   return extra
 
 
-def lifted_variables(scope, scopes) -> Mapping[str, Any]:
-  """The variables a transform lifts for ``scope``, among ``scopes``.
+def _detached(scope, variables):
+  """A read-only root scope at ``scope``'s path: ``variables``, its rngs."""
+  new = type(scope)(dict(variables), None, scope.name, False, None,
+                    path=scope.path, debug_path=scope.debug_path,
+                    flags=scope.flags)
+  new.rngs, new.rng_counters = scope.rngs, scope.rng_counters
+  return new
 
-  A scope that is itself a target carries its source's collections when the
-  source is not lifted with variables in the same pack (a tied scanned stack
-  is scanned like its source).
+
+def without_borrowed(scope, lifted):
+  """``(scope as pack lifts it, collections left out)``.
+
+  A lifted scope that is itself a target carries its source's collections
+  (a tied scanned stack is scanned like its source), unless the source is
+  among the ``lifted`` scopes (with its variables): then the inner target
+  reaches the inner source, and lifting the collections twice would fork
+  them.
   """
-  lift = scope._tie_lift  # pylint: disable=protected-access
-  if lift is not None and lift.rngs_only:  # its variables are a closure
-    return {col: node for col in visible_collections(scope)
-            if (node := lift.outer._collection(col))}  # pylint: disable=protected-access
-  ties = [t for t in ties_in_force(scope) if t.target == scope.path]
-  if not ties:
-    return scope._variables  # pylint: disable=protected-access
-  out = dict(scope._variables)  # pylint: disable=protected-access
-  for col in visible_collections(scope):
-    if col in out or not any(t.applies_to(col) for t in ties):
-      continue
-    scope._collection(col)  # pylint: disable=protected-access
-    node = (scope._tie_borrowed or {}).get(col)  # pylint: disable=protected-access
-    base, rest, _ = locate(scope, scope.path, col)
-    if node is not None and not any(
-        is_within(base.path + rest, s.path) for s in scopes):
-      out[col] = node
-  return out
+  if not any(t.target == scope.path
+             and any(is_within(t.source, s.path) for s in lifted)
+             for t in ties_in_force(scope)):
+    return scope, ()
+  scope._populate_collections()  # pylint: disable=protected-access
+  borrowed = _borrowed(scope)
+  if not borrowed:
+    return scope, ()
+  new = scope.rewound()
+  new.flags = freeze({k: v for k, v in scope.flags.items() if k != TIES_FLAG})
+  new._variables = {c: v for c, v in scope._variables.items()  # pylint: disable=protected-access
+                    if c not in borrowed}
+  return new, borrowed
+
+
+def _borrowed(scope) -> set[str]:
+  """The collections ``scope``, a target, holds as its source's very dicts."""
+  found = set()
+  for col, node in scope._variables.items():  # pylint: disable=protected-access
+    tie = _tie_for(scope, scope.path, col)
+    if tie is not None:
+      source, _ = reach(scope, tie.source)
+      if source is not None and source._collection(col) is node:  # pylint: disable=protected-access
+        found.add(col)
+  return found
 
 
 def visible_collections(scope) -> set[str]:
@@ -551,26 +678,194 @@ def visible_collections(scope) -> set[str]:
   found = set()
   while scope is not None:
     found |= set(scope.root._variables)  # pylint: disable=protected-access
-    lift = scope.root._tie_lift  # pylint: disable=protected-access
+    lift = _lift(scope)
     scope = lift and lift.outer
   return found
 
 
-def link_inner_scopes(outer_scopes, inner_scopes, transform, rngs_only):
-  """Records on each inner root what it stands for (``Scope._tie_lift``)."""
+def _link(outer_scopes, inner_scopes, name, kinds):
+  """Records on each inner root what it stands for (:data:`LIFT_FLAG`)."""
   siblings = tuple(inner_scopes)
-  for outer, inner, only in zip(outer_scopes, inner_scopes, rngs_only):
-    closure = transform if only else outer.root._tie_lift and (  # pylint: disable=protected-access
-        outer.root._tie_lift.closure)  # pylint: disable=protected-access
-    inner._tie_lift = _Lift(outer, siblings, transform, only, closure)  # pylint: disable=protected-access
+  for outer, inner, (rngs_only, closure) in zip(outer_scopes, inner_scopes,
+                                                kinds):
+    lift = _lift(outer)
+    closure = closure or (lift.closure if lift else None)
+    inner.flags = freeze({**outer.flags, LIFT_FLAG: _Lift(
+        outer, siblings, name, rngs_only, closure)})
     if closure:
       inner.mutable = False
 
 
-def inner_scopes_of(inner_scopes) -> tuple:
-  """All inner roots of the pack that created ``inner_scopes``."""
-  for scope in inner_scopes:
-    lift = scope.root._tie_lift  # pylint: disable=protected-access
-    if lift is not None:
-      return lift.siblings
-  return ()
+def tie_aware_partial_pack(original):
+  """``lift._partial_pack`` in which tie sources take part in the packing.
+
+  When a lifted scope contains a tied target whose source lies outside every
+  lifted scope, the source's scope is packed as well, as the transform
+  declares (:func:`lifted_sources`); inside, the target resolves to the inner
+  source, so reads, writes and gradients reach the one stored variable. The
+  extra scopes are not visible to the transform: ``scope_fn`` returns, and
+  ``repack_fn`` takes, the scope tree it was given. Without ties in force this
+  is Flax's own ``_partial_pack``.
+  """
+  @_hook(original)
+  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
+                    rng_filters, name=None):
+    scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
+    if not any(TIES_FLAG in s.flags for s in scopes):
+      # Flax's own packing; its inner roots only learn where they stand, for
+      # a tie declared inside the transform.
+      scope_fn, *rest = original(scope_tree, in_variable_filters,
+                                 out_variable_filters, rng_filters, name)
+
+      def linked_scope_fn(*args, **kwargs):
+        inner = scope_fn(*args, **kwargs)
+        _link(scopes, treedef.flatten_up_to(inner), name,
+              [(False, None)] * len(scopes))
+        return inner
+
+      return (linked_scope_fn, *rest)
+    for scope in scopes:  # what the scope sees from outside its root, too
+      for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
+        scope._collection(col)  # pylint: disable=protected-access
+    extra = lifted_sources(scopes, name)
+    lifted = scopes + [real for _, real, only, _ in extra if not only]
+    packed = [without_borrowed(s, lifted) for s in scopes]
+    reals = scopes + [real for _, real, _, _ in extra]
+    kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
+    scope_fn, repack_fn, *rest = original(
+        [s for s, _ in packed] + [s for s, _, _, _ in extra],
+        in_variable_filters, out_variable_filters, rng_filters, name)
+
+    def tied_scope_fn(*args, **kwargs):
+      inner = scope_fn(*args, **kwargs)
+      _link(reals, inner, name, kinds)
+      for (_, excluded), inner_scope in zip(packed, inner):
+        for col in excluded:  # reach the inner source now, as pack would
+          inner_scope._collection(col)  # pylint: disable=protected-access
+      return treedef.unflatten(inner[:len(scopes)])
+
+    def tied_repack_fn(inner_scope_tree):
+      inner = list(treedef.flatten_up_to(inner_scope_tree))
+      if inner and _lift(inner[0]) is not None:
+        inner += _lift(inner[0]).siblings[len(inner):]
+      for inner_scope in inner:
+        for col in _borrowed(inner_scope):  # its source repacks them
+          del inner_scope._variables[col]  # pylint: disable=protected-access
+      return repack_fn(inner)
+
+    return (tied_scope_fn, tied_repack_fn, *rest)
+  return _partial_pack
+
+
+# ---------------------------------------------------------------------------
+# The invariants, checked when the declaring call of an ``init`` returns
+# ---------------------------------------------------------------------------
+
+
+def check_init(scope, ties: tuple[Tie, ...]):
+  """Checks each tie on the variables ``init`` produced; drops target copies.
+
+  Raises a TieError naming target, source, collection and declaring module
+  when a tied collection or the source does not exist, the source is of
+  another kind than the target (module or variable), or the target's copy
+  holds a variable its source lacks or one of another shape or dtype.
+  """
+  if not scope.get_flag('initializing', False):
+    return
+  present = visible_collections(scope)
+  for tie in ties:
+    names = named_collections(tie.collections)
+    for col in names:
+      if col not in present and (len(names) == 1 or did_you_mean(col, present)):
+        raise tie_error(
+            f'The {tie.describe()} ties collection {col!r}, but init created'
+            f' no collection {col!r} (it created'
+            f' {", ".join(map(repr, sorted(present))) or "none"}).'
+            + did_you_mean(col, present),
+            'Fix the collection name in collections=.')
+    found = False
+    for col in sorted(c for c in present if tie.applies_to(c)):
+      copy = stored(scope, tie.target, col)
+      found = found or copy is not None or col in tie.used
+      if copy is None:
+        continue
+      source_scope, crossed = reach(scope, tie.source[:-1])
+      source = None
+      if source_scope is not None:
+        refuse_stale(scope, tie, col, crossed)
+        source = walk(source_scope._collection(col), tie.source[-1:])  # pylint: disable=protected-access
+      if source is None and (not isinstance(copy, Mapping) or copy):
+        raise tie_error(
+            f'The source {text(tie.source)} of the {tie.describe(col)} does'
+            ' not exist: nothing was stored there while initializing (this'
+            ' init ran its target, but no module at the source path).'
+            + nearest(stored(scope, (), col) or {}, tie.source),
+            'Fix the source path (paths are relative to the module that'
+            ' declares the tie; a leading "/" starts at the root module).',
+            'Initialize with a method that also runs the source.')
+      if source is not None:
+        _check_copy(tie, col, copy, source)
+      _drop(scope, tie.target, col)
+      tie.used.add(col)  # checked: a later check of this init finds it
+    if found:
+      continue
+    if any(stored(scope, tie.target, c) is not None for c in present):
+      cols = ', '.join(repr(c) for c in sorted(present) if tie.applies_to(c))
+      raise tie_error(
+          f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
+          f' {text(tie.source)} holds any variable in {cols or "those"}'
+          ' collections while initializing.',
+          'Tie the collections the two modules hold (collections=...).',
+          'Tie the modules that hold the collection.')
+    raise tie_error(
+        f'The target {text(tie.target)} of the {tie.describe()} does not'
+        ' exist: no module or variable was created there while'
+        ' initializing.'
+        + nearest(stored(scope, (), 'params') or {}, tie.target),
+        'Fix the target path (paths are relative to the module that'
+        ' declares the tie; a leading "/" starts at the root module).',
+        'Initialize with a method that runs the target.')
+
+
+def _drop(scope, path: Path, col: str):
+  """Removes the copy at ``path`` from ``col``, then its parents left empty.
+
+  A lifted target's copy is stored at each level of lifting: in its inner root
+  and outside, where the outer transform keeps it.
+  """
+  if path == scope.root.path:
+    scope.root._variables.pop(col, None)  # pylint: disable=protected-access
+  for end in range(len(path), 0, -1):
+    if end < len(path) and stored(scope, path[:end], col):
+      break
+    parent = stored(scope, path[:end - 1], col)
+    if isinstance(parent, MutableMapping):
+      parent.pop(path[end - 1], None)
+
+
+def _check_copy(tie: Tie, col: str, copy, source):
+  """Raises unless ``copy`` could be read from ``source`` (through the view)."""
+  if isinstance(copy, Mapping) != isinstance(source, Mapping):
+    kind = lambda x: 'a module' if isinstance(x, Mapping) else 'a variable'
+    raise tie_error(
+        f'In the {tie.describe(col)}, the target is {kind(copy)} but the'
+        f' source is {kind(source)}.',
+        'Tie a module to a module, or a variable to a variable (e.g.'
+        f' "{text(tie.target[1:])}/kernel": "{text(tie.source[1:])}/kernel").')
+  viewed = source if tie.view is None else jax.eval_shape(
+      lambda s: jax.tree_util.tree_map(lambda x: apply_view(tie, x), s,
+                                       is_leaf=is_box), source)
+  flat_source = dict(flatten(viewed))
+  for path, leaf in flatten(copy):
+    if path not in flat_source:
+      raise tie_error(
+          f'The target {text(tie.target + path)} of the {tie.describe(col)}'
+          f' has no counterpart in the source: {text(tie.source + path)} is'
+          ' not stored.' + nearest(source if isinstance(source, Mapping)
+                                    else {}, path, tie.source),
+          'Fix the source path: a target may only use variables its source'
+          ' has.',
+          'Tie modules of the same structure.')
+    check_like(dataclasses.replace(tie, target=tie.target + path,
+                                   source=tie.source + path),
+               col, flat_source[path], leaf)

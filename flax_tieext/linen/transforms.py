@@ -23,6 +23,7 @@ functional-core transforms in ``flax_tieext.core.lift`` via
 
 # pylint: disable=g-importing-member,unused-import
 import functools
+import inspect
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
@@ -30,11 +31,16 @@ import jax
 
 from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
+from flax.linen.module import _get_unbound_fn
 from flax.linen.module import Module
+from flax.linen.module import nowrap
+from flax.linen.module import TestScope
 from flax.linen.transforms import _is_module_class
 from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
 from flax_tieext.core import lift
+from flax_tieext.core import tie_spec
+from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
 
 # ---------------------------------------------------------------------------
@@ -278,12 +284,11 @@ remat = checkpoint
 # section: tie
 # ---------------------------------------------------------------------------
 
+
 def tie(
     target: Target,
     ties: Mapping[str, Any],
     collections: CollectionFilter = 'params',
-    *,
-    methods=None,
 ) -> Target:
   """Ties variables of one path to those of another: one variable, two paths.
 
@@ -298,12 +303,15 @@ def tie(
   read sees the current value, writes land in the one variable in program
   order, and gradients with respect to the source sum over all uses.
 
-  The tie survives Flax's lifted transforms: a target inside ``nn.remat``,
-  ``nn.checkpoint``, ``nn.partitioning.remat``, ``nn.jit``, ``nn.scan``,
-  ``nn.vmap``, ``nn.map_variables``, ``nn.cond``/``nn.switch``/
-  ``nn.while_loop`` still reaches its source, and each call site is traced
-  once. Inside ``nn.scan``/``nn.vmap`` a source outside the stack is broadcast
-  (read-only), never stacked.
+  The tie is state of the tied module's scope, in force wherever that module
+  is used: in every method and in ``setup``, under ``bind`` and
+  ``apply(method=...)``, for submodules passed in as attributes, and through
+  Flax's lifted transforms: a target inside ``nn.remat``, ``nn.checkpoint``,
+  ``nn.partitioning.remat``, ``nn.jit``, ``nn.scan``, ``nn.vmap``,
+  ``nn.map_variables``, ``nn.cond``/``nn.switch``/``nn.while_loop`` still
+  reaches its source, and each call site is traced once. Inside
+  ``nn.scan``/``nn.vmap`` a source outside the stack is broadcast (read-only),
+  never stacked. ``init`` returns what ``apply`` of its variables returns.
 
   Example: one attention mask shared by every block, with rematted blocks::
 
@@ -348,7 +356,7 @@ def tie(
     ['embed']
 
   Args:
-    target: a ``Module`` class, or a method of one (used as a decorator).
+    target: a ``Module`` class (or a ``functools.partial`` of one).
     ties: maps a target path to a source path, or to ``(source_path,
       view_fn)``, where ``view_fn`` derives the target's read-only value from
       the source's. Paths are ``/``-separated names relative to the wrapped
@@ -357,11 +365,9 @@ def tie(
       (``"head/kernel"``).
     collections: the tied collections: a collection filter such as
       ``"params"``, ``"graph"`` or ``["batch_stats", "cache"]``.
-    methods: for a ``Module`` class target, the methods to wrap (default
-      ``__call__``), as a list, or a dict of per-method arguments.
 
   Returns:
-    The wrapped ``Module`` class or method.
+    A subclass of ``target`` whose instances declare the ties on their scope.
 
   Raises:
     errors.TieError: for a tie that cannot resolve, a write that cannot
@@ -369,6 +375,78 @@ def tie(
       the collection and the declaring module, lists the nearest existing
       names and says how to fix it.
   """
-  return lift_transform(
-      lift.tie, target, ties, collections=collections, methods=methods
-  )
+  if not _is_module_class(target):
+    raise TypeError(
+        f'nn.tie takes a Module class, got {target!r}. A tie is state of a'
+        " module's scope: apply nn.tie to the class whose submodule paths the"
+        ' ties name, e.g. nn.tie(Encoder, {"block_1": "block_0"}).')
+  partial_object = target if isinstance(target, functools.partial) else None
+  module_class = partial_object.func if partial_object else target
+
+  def declare(module):
+    # A TestScope is the root of a clone that only runs setup's static checks.
+    if module.scope is not None and not isinstance(module.scope, TestScope):
+      return ties_lib.declare(module.scope, tie_spec.normalize(
+          ties, collections, module.scope.path))
+    return ()
+
+  def check_init(module):
+    """The end of an ``init`` call of the tied module: check the ties."""
+    if module.scope is not None and module.is_initializing():
+      ties_lib.check_init(module.scope, declare(module))
+
+  def checked(fn):
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+      depth = self.__dict__.get('_tie_calls', 0)
+      object.__setattr__(self, '_tie_calls', depth + 1)
+      try:
+        y = fn(self, *args, **kwargs)
+      finally:
+        object.__setattr__(self, '_tie_calls', depth)
+      if depth == 0:
+        check_init(self)
+      return y
+    return method
+
+  def __post_init__(self):  # pylint: disable=invalid-name
+    super(tied, self).__post_init__()
+    declare(self)
+
+  @nowrap
+  def _register_submodules(self, name, val):
+    declare(self)  # before a submodule passed as an attribute binds
+    return super(tied, self)._register_submodules(name, val)
+
+  @nowrap
+  def init_with_output(self, rngs, *args, method=None, **kwargs):
+    fn = _get_unbound_fn(getattr(self, method) if isinstance(method, str)
+                         else method or self.__call__)
+
+    def checked_method(module, *args, **kwargs):
+      y = fn(module, *args, **kwargs)
+      check_init(module)
+      return y
+
+    return super(tied, self).init_with_output(
+        rngs, *args, method=checked_method, **kwargs)
+
+  # Every method of the class checks the ties when an init call of it
+  # returns; setup and Module's own API do not.
+  methods = {
+      name: checked(getattr(module_class, name))
+      for name in dir(module_class)
+      if name == '__call__' or not name.startswith('_')
+      and name not in vars(Module) and name != 'setup'
+      and inspect.isfunction(inspect.getattr_static(module_class, name))
+  }
+  tied = type(f'Tie{module_class.__name__}', (module_class,), {
+      **methods, '__post_init__': __post_init__,
+      '_register_submodules': _register_submodules,
+      'init_with_output': init_with_output,
+      '__module__': module_class.__module__,
+  })
+  if partial_object is not None:
+    return functools.partial(tied, *partial_object.args,
+                             **partial_object.keywords)
+  return tied
