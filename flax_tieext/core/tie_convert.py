@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from flax.core.scope import CollectionFilter
@@ -39,11 +40,13 @@ def tie_variables(
     variables: Mapping[str, Any],
     ties: Mapping[str, Any],
     collections: CollectionFilter = 'params',
+    stacks: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
   """Turns an untied variable tree into the layout a tied model stores.
 
   Each target is removed after checking that it equals its source (through
-  the view, for a viewed tie). A collection in which neither path of a tie
+  the view, for a viewed tie); a target inside a stack (``stacks``) must equal
+  its source in every layer. A collection in which neither path of a tie
   holds anything is left alone. Paths are relative to the root module.
 
   Example::
@@ -59,20 +62,25 @@ def tie_variables(
       model.
     ties: the ties, as given to ``nn.tie`` on the root module.
     collections: the tied collections (a collection filter).
+    stacks: the paths of the model's stacks (``nn.scan`` / ``nn.vmap``
+      modules with their variables along axis 0) mapped to their number of
+      layers, e.g. ``{'encoder/layers': 12}``. A target inside a stack whose
+      source is outside it has one copy of the source per layer.
 
   Returns:
     A new variable dict without the targets.
 
   Raises:
     TieError: if a target is present but its source is not, or a target
-      differs from its source (shape, dtype, partitioning names or value):
-      tying would silently drop the target's values.
+      differs from its source (shape, dtype, partitioning names or value, in
+      any layer of a stack): tying would silently drop the target's values.
   """
   out = _unfreeze(variables)
-  for tie, col, expected in _viewed_sources(out, ties, collections, 'tie'):
+  for tie, col, expected, stack in _viewed_sources(
+      out, ties, collections, 'tie', stacks):
     target = tie_spec.walk(out[col], tie.target)
     if target is not None:
-      _check_equal(tie, col, target, expected)
+      _check_equal(tie, col, target, expected, stack)
       out[col] = _with_path(out[col], tie.target, _ABSENT)
   return out
 
@@ -81,12 +89,15 @@ def untie_variables(
     variables: Mapping[str, Any],
     ties: Mapping[str, Any],
     collections: CollectionFilter = 'params',
+    stacks: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
   """Materialises each tied target as a copy of its source.
 
   The inverse of :func:`tie_variables`: the result loads into the untied
-  model. Partitioning metadata (``nn.Partitioned``, logical axes) is kept; a
-  view moves the axis names with the axes (a transposed view swaps them).
+  model. A target inside a stack (``stacks``) whose source is outside it gets
+  one copy of the source per layer. Partitioning metadata (``nn.Partitioned``,
+  logical axes) is kept; a view moves the axis names with the axes (a
+  transposed view swaps them), and a stack's axis gets no name.
 
   Example::
 
@@ -100,26 +111,41 @@ def untie_variables(
     variables: a variable dict of the tied model.
     ties: the ties, as given to ``nn.tie`` on the root module.
     collections: the tied collections (a collection filter).
+    stacks: the model's stacks and their number of layers, as for
+      :func:`tie_variables`.
 
   Returns:
     A new variable dict with every target present.
 
   Raises:
-    TieError: if a source is missing, or a view moves a partitioned axis in a
-      way whose names cannot be followed.
+    TieError: if a source is missing, a target inside a stack that
+      ``stacks`` does not name would be written unstacked, or a view moves a
+      partitioned axis in a way whose names cannot be followed.
   """
   out = _unfreeze(variables)
-  for tie, col, value in _viewed_sources(out, ties, collections, 'untie'):
+  for tie, col, value, stack in _viewed_sources(
+      out, ties, collections, 'untie', stacks):
+    if stack is not None:
+      value = jax.tree_util.tree_map(
+          lambda x, n=stack[1]: _stacked(x, n), value, is_leaf=tie_spec.is_box)
     out[col] = _with_path(out[col], tie.target, value)
   return out
 
 
-def _viewed_sources(tree, ties, collections, verb):
-  """Yields ``(tie, col, source value seen through the view)`` of each tie.
+def _viewed_sources(tree, ties, collections, verb, stacks):
+  """Yields ``(tie, col, source seen through the view, stack)`` of each tie.
 
-  Skips the collections in which neither path of the tie holds anything.
+  ``stack`` is ``(path, layers)`` of the stack that holds the target but not
+  the source, or None. Skips the collections in which neither path of the
+  tie holds anything.
   """
+  stacks = None if stacks is None else {
+      tie_spec.normalize({p: p + '/.'}, True, ())[0].target: n
+      for p, n in stacks.items()} if False else _stack_paths(stacks)
   for tie in tie_spec.normalize(ties, collections, ()):
+    stack = next(((path, n) for path, n in (stacks or {}).items()
+                  if tie_spec.is_within(tie.target, path)
+                  and not tie_spec.is_within(tie.source, path)), None)
     for col in [c for c in tree if tie.applies_to(c)]:
       source = tie_spec.walk(tree[col], tie.source)
       if source is None:
@@ -132,13 +158,71 @@ def _viewed_sources(tree, ties, collections, verb):
             + tie_spec.nearest(tree[col], tie.source)
             + ' Fix the source path in the ties.'
         )
+      if stacks is None and verb == 'untie':
+        _refuse_unnamed_stack(tree[col], tie, col)
       yield tie, col, jax.tree_util.tree_map(
           lambda x, tie=tie: tie_spec.apply_view(tie, x), source,
-          is_leaf=tie_spec.is_box)
+          is_leaf=tie_spec.is_box), stack
 
 
-def _check_equal(tie, col: str, target, expected):
-  """Raises unless a stored target equals what its source gives it."""
+def _stack_paths(stacks):
+  if stacks is None:
+    return None
+  out = {}
+  for path, layers in stacks.items():
+    parsed = tuple(p for p in path.strip('/').split('/') if p not in ('', '.'))
+    if not isinstance(layers, int) or layers < 1:
+      raise TieError(f'stacks[{path!r}] must be the number of layers of the'
+                     f' stack, a positive int; got {layers!r}.')
+    out[parsed] = layers
+  return out
+
+
+def _refuse_unnamed_stack(tree, tie, col):
+  """A target below stacked variables would be written unstacked: refuse."""
+  source = tie_spec.walk(tree, tie.source)
+  source_leaves = {} if source is None else dict(tie_spec.flatten(source))
+  for depth in range(len(tie.target) - 1, 0, -1):
+    if tie_spec.is_within(tie.source, tie.target[:depth]):
+      return
+    node = tie_spec.walk(tree, tie.target[:depth])
+    leaves = [np.shape(tie_spec.unbox(x)) for _, x in tie_spec.flatten(node)
+              ] if isinstance(node, Mapping) else []
+    lengths = {s[0] for s in leaves if s}
+    if len(leaves) and len(lengths) == 1 and all(
+        len(s) > 0 for s in leaves) and not any(
+            np.shape(tie_spec.unbox(x))[:1] == tuple(lengths)
+            for x in source_leaves.values()):
+      (n,) = lengths
+      stack = tie_spec.text(tie.target[:depth])
+      raise TieError(
+          f'Cannot untie {tie_spec.text(tie.target)} in collection {col!r}:'
+          f' it lies inside {stack}, whose every variable has a leading axis'
+          f' of {n} that its source {tie_spec.text(tie.source)} lacks, as in'
+          f' a stack of {n} layers (nn.scan / nn.vmap). Written unstacked, it'
+          ' would not load into the untied model.\n\nOptions:\n'
+          f'  1. Name the stack: stacks={{{stack[1:]!r}: {n}}} (one copy of the'
+          ' source per layer).\n'
+          '  2. If it is not a stack, say so: stacks={}.')
+
+
+def _stacked(x, layers):
+  """``x`` repeated along a new leading axis of ``layers`` (boxes too)."""
+  if tie_spec.is_box(x):
+    names = getattr(x, 'names', None)
+    stacked = x.replace_boxed(_stacked(x.unbox(), layers))
+    return stacked if names is None else stacked.replace(
+        names=(None, *names))
+  if isinstance(x, jax.Array):
+    return jnp.broadcast_to(x, (layers, *x.shape))
+  return np.broadcast_to(np.asarray(x), (layers, *np.shape(x))).copy()
+
+
+def _check_equal(tie, col: str, target, expected, stack=None):
+  """Raises unless a stored target equals what its source gives it.
+
+  Inside a stack (``(path, layers)``), every layer of the target must.
+  """
   what = (f'Cannot tie {tie_spec.text(tie.target)} to'
           f' {tie_spec.text(tie.source)} in collection {col!r}:')
   (xs, x_def), (ys, y_def) = (
@@ -147,21 +231,42 @@ def _check_equal(tie, col: str, target, expected):
   if x_def != y_def:
     raise TieError(f'{what} they hold different variables ({x_def} vs'
                    f' {y_def}).')
-  for x, y in zip(xs, ys):
+  paths = [p for p, _ in tie_spec.flatten(target)] if isinstance(
+      target, Mapping) else [()]
+  for path, x, y in zip(paths, xs, ys):
+    leaf = tie_spec.text(tie.target + path)
     x_names, y_names = getattr(x, 'names', None), getattr(y, 'names', None)
+    if stack is not None and x_names is not None:
+      x_names = x_names[1:]
     if x_names != y_names:
-      raise TieError(f'{what} their partitioning names differ ({x_names} vs'
-                     f' {y_names}).')
+      raise TieError(f'{what} the partitioning names of {leaf} differ'
+                     f' ({x_names} vs {y_names}).')
     x, y = np.asarray(tie_spec.unbox(x)), np.asarray(tie_spec.unbox(y))
-    if x.shape != y.shape or x.dtype != y.dtype:
-      raise TieError(f'{what} shape or dtype differ ({x.shape}:{x.dtype} vs'
-                     f' {y.shape}:{y.dtype}).')
-    if not np.array_equal(x, y):
-      raise TieError(
-          f'{what} the target differs from its source (max abs difference'
-          f' {float(np.max(np.abs(x - y)))}). Tying would silently drop the'
-          " target's values; untie the model or make them equal first."
-      )
+    layers = [x] if stack is None else list(x) if x.ndim and (
+        x.shape[0] == stack[1]) else None
+    if layers is None or any(l.shape != y.shape or l.dtype != y.dtype
+                             for l in layers):
+      hint = ''
+      if stack is None and x.ndim and x.shape[1:] == y.shape:
+        hint = (f' {leaf} has one more leading axis ({x.shape[0]}) than its'
+                ' source, as in a stack of layers: name the stack, e.g.'
+                f' stacks={{{tie.target[0]!r}: {x.shape[0]}}}.')
+      elif stack is not None:
+        hint = (f' {leaf} lies in the stack {tie_spec.text(stack[0])} of'
+                f' {stack[1]} layers (axis 0), so it needs shape'
+                f' {(stack[1], *y.shape)}.')
+      raise TieError(f'{what} shape or dtype of {leaf} differ'
+                     f' ({x.shape}:{x.dtype} vs {y.shape}:{y.dtype}).' + hint)
+    for i, layer in enumerate(layers):
+      if not np.array_equal(layer, y):
+        where = '' if stack is None else (
+            f' in layer {i} (axis 0) of the stack {tie_spec.text(stack[0])}')
+        raise TieError(
+            f'{what} {leaf} differs from its source{where} (max abs'
+            f' difference {float(np.max(np.abs(layer - y)))}). Tying would'
+            " silently drop the target's values; untie the model or make"
+            ' them equal first.'
+        )
 
 
 def _unfreeze(tree):
