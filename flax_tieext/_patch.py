@@ -97,7 +97,7 @@ def _bindings() -> list[_Binding]:
       _Binding(partitioning, 'remat', use(our_partitioning.remat)),
       # (nnx.remat: _nnx_bindings, once flax.nnx is imported.)
       # tie: the new transforms ...
-      _Binding(_core_lift, 'tie', use(lift.tie)),
+      _Binding(_core_lift, 'tie', use(_guarded(lift.tie))),
       _Binding(linen_transforms, 'tie', use(our_linen.tie)),
       _Binding(nn, 'tie', use(our_linen.tie)),
       _Binding(flax_core, 'tie_variables', use(tie_convert.tie_variables)),
@@ -262,21 +262,49 @@ def uninstall() -> None:
 
 
 def requires_install(tie_transform: Callable[..., Any]) -> Callable[..., Any]:
-  """``tie_transform``, refused while the patch is not installed.
+  """``tie_transform``, and what it makes, refused while the patch is not installed.
 
   A tie lives in Flax's ``Scope`` and ``_partial_pack``, which only the
   installed patch makes tie-aware; without them it would silently not hold.
+  So both declaring a tie and binding a tied Module class made earlier (or
+  calling a tied scope function) raise ``TieError`` after ``uninstall()``.
   """
-  @functools.wraps(tie_transform)
-  def guarded(*args, **kwargs):
+  def refuse_unless_installed():
     if not is_installed():
       raise errors.TieError(
           f'{tie_transform.__name__} needs the tie-aware Scope machinery, which'
           f' is not installed in Flax ({AUTOPATCH_ENV}=0 was set, or'
           ' flax_tieext.uninstall() was called). Call flax_tieext.install()'
           ' first.')
-    return tie_transform(*args, **kwargs)
+
+  @functools.wraps(tie_transform)
+  def guarded(*args, **kwargs):
+    refuse_unless_installed()
+    tied = tie_transform(*args, **kwargs)
+    cls = tied.func if isinstance(tied, functools.partial) else tied
+    if isinstance(cls, type):
+      post_init = cls.__post_init__
+
+      def __post_init__(self):  # pylint: disable=invalid-name
+        refuse_unless_installed()
+        post_init(self)
+
+      cls.__post_init__ = __post_init__
+      return tied
+
+    @functools.wraps(tied)
+    def tied_fn(*args, **kwargs):
+      refuse_unless_installed()
+      return tied(*args, **kwargs)
+
+    return tied_fn
   return guarded
+
+
+@functools.cache
+def _guarded(tie_transform):
+  """``requires_install(tie_transform)``, made once: the patch binds one object."""
+  return requires_install(tie_transform)
 
 
 def autopatch() -> None:

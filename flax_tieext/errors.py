@@ -43,3 +43,12 @@ class TieError(FlaxError, ValueError):
                                                  # source /blok_0 does not
                                                  # exist; nearest: block_0
   """
+
+
+# Plugin only: Flax's error page has no entry for TieError until the upstream
+# series adds it, so the message points at the docstring that explains it.
+def _init_tie_error(self, message):
+  ValueError.__init__(self, f'{message} (see help(flax_tieext.TieError))')
+
+
+TieError.__init__ = _init_tie_error

@@ -342,11 +342,14 @@ def _cannot_land(scope, tie: Tie, col: str, crossed, what: str):
   inside = is_within(tie.declared_at, scope.root.path)
   where = _names(crossed)
   first = crossed[0]
+  near = '' if what != 'Initializing' else nearest(
+      stored(scope, (), col) or {}, tie.source)
   return tie_error(
       f'{what} {text(tie.target)} in collection {col!r} cannot land in its'
       f' source {text(tie.source)}: the {tie.describe(col)} is used inside'
       f' {where} at {scope.path_text}, and the source lies outside it, where'
-      ' it is a read-only (broadcast) value.',
+      ' it is a read-only (broadcast) value.' + near,
+      'Fix the source path.' if near else '',
       'Declare the tie at the common ancestor of both paths, outside the'
       f' {first}.' if inside else '',
       f'Run the source {text(tie.source)} before the {first}, so that it'
@@ -554,21 +557,26 @@ class _TiedCollection(MutableMapping):
 
 def _missing_variable(scope, tie: Tie, col: str, node):
   """The source variable is not stored: say where it is, or what is near."""
-  root = scope.root
-  rest = tie.source[len(root.path):]
-  holders = sorted(c for c in root._variables  # pylint: disable=protected-access
-                   if c != col and walk(root._variables[c], rest) is not None)  # pylint: disable=protected-access
   return tie_error(
       f'The source {text(tie.source)} of the {tie.describe(col)} is not'
       f' stored (looked up from {scope.path_text}).'
-      + (f' It is a variable of collection {holders[0]!r}.' if holders else
-         nearest(node if isinstance(node, Mapping) else {},
-                 tie.source[-1:], tie.source[:-1])),
-      f'Tie collection {holders[0]!r} (collections={holders[0]!r}).'
-      if holders else
+      + (_held_elsewhere(scope, tie.source, col) or nearest(
+          node if isinstance(node, Mapping) else {}, tie.source[-1:],
+          tie.source[:-1])),
       'Fix the source path (paths are relative to the module that declares'
-      ' the tie; a leading "/" starts at the root module).',
+      ' the tie; a leading "/" starts at the root module), or the'
+      ' collections.',
       "Pass the source's variables to apply.")
+
+
+def _held_elsewhere(scope, path: Path, col: str) -> str:
+  """Names the collections other than ``col`` that hold ``path``, if any."""
+  holders = sorted(c for c in visible_collections(scope)
+                   if c != col and stored(scope, path, c) is not None)
+  if not holders:
+    return ''
+  return (f' {text(path)} is stored in collection {holders[0]!r}: tie that'
+          f' collection (collections={holders[0]!r}).')
 
 
 # ---------------------------------------------------------------------------
@@ -781,7 +789,8 @@ def check_init(scope, ties: tuple[Tie, ...]):
             f'The {tie.describe()} ties collection {col!r}, but init created'
             f' no collection {col!r} (it created'
             f' {", ".join(map(repr, sorted(present))) or "none"}).'
-            + did_you_mean(col, present),
+            + (_held_elsewhere(scope, tie.target, col)
+               or did_you_mean(col, present)),
             'Fix the collection name in collections=.')
     found = False
     for col in sorted(c for c in present if tie.applies_to(c)):
@@ -789,17 +798,20 @@ def check_init(scope, ties: tuple[Tie, ...]):
       found = found or copy is not None or col in tie.used
       if copy is None:
         continue
-      source_scope, crossed = reach(scope, tie.source[:-1])
-      source = None
-      if source_scope is not None:
+      # A variable is reached as a scope too: its collection is the value.
+      source_scope, crossed = reach(scope, tie.source)
+      source = None if source_scope is None else source_scope._collection(col)  # pylint: disable=protected-access
+      if isinstance(source, Mapping) and not source:
+        source = None
+      if source is not None:
         refuse_stale(scope, tie, col, crossed)
-        source = walk(source_scope._collection(col), tie.source[-1:])  # pylint: disable=protected-access
       if source is None and (not isinstance(copy, Mapping) or copy):
         raise tie_error(
             f'The source {text(tie.source)} of the {tie.describe(col)} does'
             ' not exist: nothing was stored there while initializing (this'
             ' init ran its target, but no module at the source path).'
-            + nearest(stored(scope, (), col) or {}, tie.source),
+            + (_held_elsewhere(scope, tie.source, col)
+               or nearest(stored(scope, (), col) or {}, tie.source)),
             'Fix the source path (paths are relative to the module that'
             ' declares the tie; a leading "/" starts at the root module).',
             'Initialize with a method that also runs the source.')
@@ -814,14 +826,16 @@ def check_init(scope, ties: tuple[Tie, ...]):
       raise tie_error(
           f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
           f' {text(tie.source)} holds any variable in {cols or "those"}'
-          ' collections while initializing.',
+          ' collections while initializing.'
+          + _held_elsewhere(scope, tie.target, None),
           'Tie the collections the two modules hold (collections=...).',
           'Tie the modules that hold the collection.')
     raise tie_error(
         f'The target {text(tie.target)} of the {tie.describe()} does not'
         ' exist: no module or variable was created there while'
-        ' initializing.'
-        + nearest(stored(scope, (), 'params') or {}, tie.target),
+        ' initializing in the tied collections.'
+        + (_held_elsewhere(scope, tie.target, None) or nearest(
+            stored(scope, (), 'params') or {}, tie.target)),
         'Fix the target path (paths are relative to the module that'
         ' declares the tie; a leading "/" starts at the root module).',
         'Initialize with a method that runs the target.')
