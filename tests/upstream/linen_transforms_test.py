@@ -223,6 +223,108 @@ class TieTest(parameterized.TestCase):
         nn.get_partition_spec(untied)['params']['a'])
 
 
+  class Layer(nn.Module):
+    """One step of a stack: calls ``shared`` or its own ``attn``."""
+    shared: nn.Module | None = None
+
+    @nn.compact
+    def __call__(self, c, x):
+      attn = self.shared if self.shared is not None else nn.Dense(3, name='attn')
+      return c, jnp.tanh(attn(x)) * x
+
+  class Stacked(nn.Module):
+    """A source, then a stack whose every step uses it."""
+    kind: str
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, xs):
+      src = nn.Dense(3, name='src')
+      src(xs[0])
+      split = {'params': True}
+      if self.kind == 'scan':
+        stack = nn.scan(TieTest.Layer, variable_broadcast='params',
+                        split_rngs=split, length=xs.shape[0])
+      else:
+        stack = nn.vmap(TieTest.Layer, in_axes=(None, 0), out_axes=(None, 0),
+                        variable_axes={'params': None}, split_rngs=split)
+      _, ys = stack(src if self.shared else None, name='stack')(None, xs)
+      return ys
+
+  @parameterized.parameters('scan', 'vmap')
+  def test_source_outside_a_stack_is_broadcast(self, kind):
+    tied = nn.tie(self.Stacked, {'stack/attn': 'src'})(kind)
+    xs = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), xs)
+    # The reference broadcasts the one shared module over the stack.
+    expected = self.Stacked(kind, shared=True).init(random.key(1), xs)
+    self.assertEqual(list(variables['params']), ['src'])
+    self.assertEqual(
+        jax.tree.structure(variables), jax.tree.structure(expected))
+    loss = lambda m, p: m.apply({'params': p}, xs).sum()
+    grad = jax.grad(lambda p: loss(tied, p))(variables['params'])
+    expected_grad = jax.grad(
+        lambda p: loss(self.Stacked(kind, shared=True), p))(
+            variables['params'])
+    np.testing.assert_allclose(
+        tied.apply(variables, xs),
+        self.Stacked(kind, shared=True).apply(variables, xs), rtol=1e-6)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-6),
+                 grad, expected_grad)
+
+  class Branches(nn.Module):
+    """A branch body that calls the target twice."""
+    kind: str
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      a = TieTest.Counter(name='a')
+      b = a if self.shared else TieTest.Counter(name='b')
+      x = a(x)
+      body = lambda m, h: m(m(h))
+      if self.kind == 'cond':
+        return nn.cond(True, body, body, b, x)
+      return nn.switch(1, [body, body], b, x)
+
+  @parameterized.parameters('cond', 'switch')
+  def test_branch_body_calls_the_target_twice(self, kind):
+    tied = nn.tie(self.Branches, {'b': 'a'}, collections='state')(kind)
+    x = jnp.ones(2)
+    y, variables = tied.init_with_output(random.key(0), x)
+    expected_y, expected = self.Branches(kind, shared=True).init_with_output(
+        random.key(0), x)
+    np.testing.assert_allclose(y, expected_y)
+    jax.tree.map(np.testing.assert_allclose, variables, expected)
+    y, updates = tied.apply(variables, x, mutable=['state'])
+    expected_y, expected = self.Branches(kind, shared=True).apply(
+        expected, x, mutable=['state'])
+    np.testing.assert_allclose(y, expected_y)
+    jax.tree.map(np.testing.assert_allclose, updates, expected)
+
+  def test_bind_and_any_method_see_the_tie(self):
+
+    class Pair(nn.Module):
+      shared: bool = False
+
+      def setup(self):
+        self.a = nn.Dense(3)
+        self.b = self.a if self.shared else nn.Dense(3)
+
+      def __call__(self, x):
+        return self.b(self.a(x))
+
+    tied = nn.tie(Pair, {'b': 'a'})()
+    x = jnp.ones((1, 3))
+    variables = tied.init(random.key(0), x)
+    self.assertEqual(list(variables['params']), ['a'])
+    np.testing.assert_allclose(
+        tied.bind(variables).b(x), Pair(shared=True).bind(variables).b(x))
+    np.testing.assert_allclose(
+        tied.apply(variables, x, method=lambda m, x: m.b(x)),
+        Pair(shared=True).apply(variables, x, method=lambda m, x: m.b(x)))
+
+
 class TieVariablesTest(parameterized.TestCase):
 
   class LM(nn.Module):
@@ -259,6 +361,21 @@ class TieVariablesTest(parameterized.TestCase):
     self.assertEqual(tied['batch_stats'], variables['batch_stats'])
     untied = tie_convert.untie_variables(tied, {'b': 'a'}, collections=True)
     jax.tree.map(np.testing.assert_allclose, untied, variables)
+
+  def test_stack_conversion_has_a_copy_per_layer(self):
+    ties_ = {'stack/attn': 'src'}
+    tied = nn.tie(TieTest.Stacked, ties_)('scan')
+    xs = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), xs)
+    untied = tie_convert.untie_variables(variables, ties_, stacks={'stack': 2})
+    kernel = untied['params']['stack']['attn']['kernel']
+    self.assertEqual(kernel.shape, (2, 3, 3))
+    np.testing.assert_allclose(kernel[1], variables['params']['src']['kernel'])
+    retied = tie_convert.tie_variables(untied, ties_, stacks={'stack': 2})
+    jax.tree.map(np.testing.assert_allclose, retied, variables)
+    untied['params']['stack']['attn']['kernel'] = kernel.at[1].add(1.0)
+    with self.assertRaisesRegex(errors.TieError, r'layer 1 \(axis 0\)'):
+      tie_convert.tie_variables(untied, ties_, stacks={'stack': 2})
 
   def test_viewed_tie_and_conversion(self):
     ties_ = {'head/kernel': ('embed/embedding', jnp.transpose)}
