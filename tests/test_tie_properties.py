@@ -26,11 +26,21 @@ transform boundaries in every direction) in one of three ways:
   fourth, rooted instance: a shared module first used inside ``nn.vmap``
   would be batched.
 
+A site may also call its leaf twice in the body of an ``nn.cond`` or
+``nn.switch`` (the reference passes the shared leaf itself, as upstream Flax
+accepts a module argument there).
+
 With the same variable values and the same dropout rngs, both must agree in
 outputs, in the updated ``state`` collection (order-sensitive writes) and in
 gradients (with respect to the tied model's params, so a source's gradient is
-the sum over its uses). The tied model must store each source once, and
-initialize the same variables when its sites run in the reverse order.
+the sum over its uses), called as drawn: ``apply``, ``apply(method=...)`` of
+one group, or ``bind`` then a direct call of that group (the groups are built
+in ``setup``). The tied model must store each source once, initialize the
+same variables when its sites run in the reverse order, and, without dropout
+and writes, return from ``init_with_output`` what ``apply`` returns (in
+reverse order too, unless a single variable is tied or the sites use
+``nn.jit`` / ``nn.fold_rngs``: a target that runs first initializes a copy
+from its source's rng streams, see docs/design.md).
 
 ``TIE_PROPERTY_EXAMPLES`` sets the number of examples (``nox -s
 tie-properties`` runs more than the default run).
@@ -101,12 +111,13 @@ class Site(nn.Module):
 
   shared: nn.Module | None = None
   dropout: bool = False
+  pure: bool = False  # no writes
 
   @nn.compact
   def __call__(self, x, write=True):
     leaf = self.shared if self.shared is not None else Leaf(
         self.dropout, name='leaf')
-    return leaf(x, write)
+    return leaf(x, write and not self.pure)
 
 
 class Step(Site):
@@ -116,12 +127,35 @@ class Step(Site):
     return carry, super().__call__(x, write=False)
 
 
-def call_site(wrap, shared, dropout, name, x):
+class Branch(nn.Module):
+  """Calls its leaf twice in the body of an ``nn.cond`` or ``nn.switch``."""
+
+  kind: str
+  shared: nn.Module | None = None
+  dropout: bool = False
+  write: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    leaf = self.shared if self.shared is not None else Leaf(
+        self.dropout, name='leaf')
+    body = lambda m, h: m(m(h, self.write), self.write)
+    if self.kind == 'cond':
+      return nn.cond(True, body, body, leaf, x)
+    return nn.switch(1, [body, body], leaf, x)
+
+
+BRANCHES = ('cond', 'switch')
+
+
+def call_site(wrap, shared, dropout, name, x, write=True):
   if wrap in STACKS:
     site = STACKS[wrap](Step)(shared, dropout, name=name)
     _, ys = site(None, jnp.broadcast_to(x, (N, *x.shape)))
     return jnp.mean(ys, axis=0)
-  return WRAPS[wrap](Site)(shared, dropout, name=name)(x)
+  if wrap in BRANCHES:
+    return Branch(wrap, shared, dropout, write, name=name)(x)
+  return WRAPS[wrap](Site)(shared, dropout, not write, name=name)(x)
 
 
 class Group(nn.Module):
@@ -129,6 +163,7 @@ class Group(nn.Module):
   levels: tuple  # per instance: 'module', 'kernel' or 'rooted'
   shared: tuple = ()  # per instance: a shared Leaf or None
   reverse: bool = False
+  pure: bool = False  # no dropout, no writes
 
   @nn.compact
   def __call__(self, x):
@@ -136,32 +171,41 @@ class Group(nn.Module):
     for i in reversed(order) if self.reverse else order:
       wrap, instance = self.sites[i]
       shared = self.shared[instance] if self.shared else None
-      dropout = self.levels[instance] == 'rooted'
-      x = call_site(wrap, shared, dropout, f'site_{i}', x)
+      dropout = self.levels[instance] == 'rooted' and not self.pure
+      x = call_site(wrap, shared, dropout, f'site_{i}', x, not self.pure)
     return x
 
 
-def build(layout, levels, reference, reverse=False):
-  """The tied model, or (``reference``) its hand-shared twin."""
+def build(layout, levels, reference, reverse=False, pure=False):
+  """The tied model, or (``reference``) its hand-shared twin.
+
+  Its groups (and the shared leaves) are built in ``setup``, so that a
+  group can be called directly.
+  """
   n_instances = len(levels)
 
   class Model(nn.Module):
 
-    @nn.compact
-    def __call__(self, x):
-      roots = {k: Leaf(True, name=f'shared_{k}')
-               for k in range(n_instances) if levels[k] == 'rooted'}
-      for root in roots.values():  # called first, outside every transform
-        x = root(x)
+    def setup(self):
+      self.roots = [Leaf(not pure, name=f'shared_{k}')
+                    for k in range(n_instances) if levels[k] == 'rooted']
+      rooted = dict(zip((k for k in range(n_instances)
+                         if levels[k] == 'rooted'), self.roots))
       shared = tuple(
-          roots.get(k) or (Leaf(name=f'shared_{k}')
-                           if levels[k] == 'module' else None)
+          rooted.get(k) or (Leaf(name=f'shared_{k}')
+                            if levels[k] == 'module' else None)
           for k in range(n_instances)) if reference else ()
-      order = range(len(layout))
-      for g in reversed(order) if reverse else order:
-        group_wrap, sites = layout[g]
-        x = WRAPS[group_wrap](Group)(tuple(sites), tuple(levels), shared,
-                                     reverse, name=f'group_{g}')(x)
+      self.groups = [
+          WRAPS[group_wrap](Group)(tuple(sites), tuple(levels), shared,
+                                   reverse, pure, name=f'group_{g}')
+          for g, (group_wrap, sites) in enumerate(layout)]
+
+    def __call__(self, x):
+      for root in self.roots:  # called first, outside every transform
+        x = root(x, not pure)
+      groups = reversed(self.groups) if reverse else self.groups
+      for group in groups:
+        x = group(x)
       return x
 
   if reference:
@@ -250,7 +294,7 @@ def to_reference(tree, layout, levels, col):
 
 wrap_names = sorted(WRAPS)
 sites_strategy = st.lists(
-    st.tuples(st.sampled_from(wrap_names + sorted(STACKS)),
+    st.tuples(st.sampled_from(wrap_names + sorted(STACKS) + list(BRANCHES)),
               st.integers(0, 2)),
     min_size=1, max_size=3)
 layout_strategy = st.lists(
@@ -269,8 +313,10 @@ def assert_trees(check, actual, expected):
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(layout=layout_strategy, levels=levels_strategy)
-def test_tied_model_equals_hand_shared_reference(layout, levels):
+@given(layout=layout_strategy, levels=levels_strategy,
+       call=st.sampled_from(['apply', 'method', 'bind']),
+       group=st.integers(0, 1))
+def test_tied_model_equals_hand_shared_reference(layout, levels, call, group):
   # Stack sites use a fourth instance, tied to a source outside every stack
   # (a shared module first used inside nn.vmap would be batched).
   layout = [(w, [(s, 3 if s in STACKS else inst) for s, inst in sites])
@@ -294,16 +340,36 @@ def test_tied_model_equals_hand_shared_reference(layout, levels):
   assert_trees(np.testing.assert_array_equal,
                reverse.init(jax.random.key(0), x), variables)
 
+  # init_with_output returns what apply of its variables returns. In reverse
+  # order a target runs first and initializes a copy from its source's rng
+  # streams: a single variable has no counterpart draw, and nn.jit /
+  # nn.fold_rngs restart the streams of a source inside them.
+  restarts = {'jit', 'fold_rngs'} & {w for w, sites in layout for w in
+                                     (w, *(s for s, _ in sites))}
+  for order in [False] if 'kernel' in levels or restarts else [False, True]:
+    pure = build(layout, levels, False, reverse=order, pure=True)()
+    y, pure_variables = pure.init_with_output(jax.random.key(0), x)
+    close(y, pure.apply(pure_variables, x))
+
   state = jax.tree_util.tree_map(lambda a: a + 1.0, variables['state'])
   rngs = {'dropout': jax.random.key(2)}
+  group = min(group, len(layout) - 1)
+
+  def run(model, variables):
+    """The model called as drawn: (output, updated state)."""
+    if call == 'bind':
+      bound = model.bind(variables, rngs=rngs, mutable=['state'])
+      return bound.groups[group](x), bound.variables['state']
+    method = (lambda m, x: m.groups[group](x)) if call == 'method' else None
+    y, updates = model.apply(variables, x, rngs=rngs, mutable=['state'],
+                             method=method)
+    return y, updates['state']
 
   def loss(model, params, state, convert=lambda tree, col: tree):
-    y, updates = model.apply(
-        {'params': convert(params, 'params'),
-         'graph': convert(variables['graph'], 'graph'),
-         'state': convert(state, 'state')},
-        x, rngs=rngs, mutable=['state'])
-    return jnp.sum(y ** 2), updates['state']
+    y, new_state = run(model, {'params': convert(params, 'params'),
+                               'graph': convert(variables['graph'], 'graph'),
+                               'state': convert(state, 'state')})
+    return jnp.sum(y ** 2), new_state
 
   convert = functools.partial(to_reference, layout=layout, levels=levels)
   (l, new_state), g = jax.value_and_grad(
