@@ -104,6 +104,34 @@ def shared_attention(section: dict) -> list[str]:
   ]
 
 
+def scan_over_layers(row: dict) -> list[str]:
+  rows = [(label, _fmt(row[key][0], kind), _fmt(row[key][1], kind),
+           f'{row[key][2]:.3f}')
+          for key, label, kind in QUANTITIES[:3]]
+  rows.append(('\\|Δ loss\\| (same values)', '', '',
+               f'{row["loss_difference"]:.1e}'))
+  return [
+      '## One module tied into every layer of `nn.scan(nn.remat(...))`',
+      '',
+      f'A MaxText-style stack of {row["layers"]} layers'
+      ' (`benchmarks/test_scan_over_layers.py`): `nn.scan` over a rematted'
+      ' block (`static_argnames="deterministic"`) whose attention adds a'
+      ' T5-style relative-position bias. Candidate: one bias module at the'
+      ' encoder, tied into every layer (`{"layers/rel_bias": "rel_bias"}`).'
+      ' Baseline: the untied stack, every layer holding its own copy (what'
+      ' `untie_variables(..., stacks={"layers": n})` writes). Upstream\'s'
+      ' idiom of passing one module into the stack fails there: `nn.scan`'
+      ' slices a module passed in along `variable_axes` like the layers\''
+      ' own parameters (`ScopeParamShapeError`). The tie stores one bias'
+      ' instead of one per layer (argument bytes); the extra temp bytes hold'
+      ' the gradient of the broadcast bias, summed over the layers inside'
+      ' the scan, where the untied stack returns one gradient per layer.',
+      '',
+      *_table(('quantity', 'untied stack', 'nn.tie', 'ratio'), rows),
+      '',
+  ]
+
+
 def tie_nesting(section: dict) -> list[str]:
   out = [
       '## Init traces against tie nesting depth',
@@ -211,6 +239,7 @@ def import_overhead(row: dict) -> list[str]:
 
 SECTIONS = (
     ('shared_attention', shared_attention),
+    ('scan_over_layers', scan_over_layers),
     ('tie_nesting', tie_nesting),
     ('static_argnames', static_argnames),
     ('remat_memory', remat_memory),
