@@ -78,6 +78,8 @@ def _bindings() -> list[_Binding]:
 
   from flax_tieext.core import lift  # pylint: disable=g-import-not-at-top
   from flax_tieext.core import tie_convert  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import tie_vars  # pylint: disable=g-import-not-at-top
   from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import partitioning as our_partitioning  # pylint: disable=g-import-not-at-top
   from flax_tieext import linen as our_linen  # pylint: disable=g-import-not-at-top
@@ -103,11 +105,14 @@ def _bindings() -> list[_Binding]:
       _Binding(flax_core, 'tie_variables', use(tie_convert.tie_variables)),
       _Binding(flax_core, 'untie_variables', use(tie_convert.untie_variables)),
       # ... and the shared scope machinery they take part in.
-      _Binding(_core_lift, '_partial_pack', ties.tie_aware_partial_pack),
+      _Binding(_core_lift, '_partial_pack', tie_lift.tie_aware_partial_pack),
       _Binding(Scope, 'push', ties.tie_aware_push),
       _Binding(Scope, 'param', ties.tie_aware_param),
       _Binding(Scope, '_collection', ties.tie_aware_collection),
       _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
+      # ... in which single variables may be tied (wrapping the hooks above).
+      _Binding(Scope, '_collection', tie_vars.tie_aware_names),
+      _Binding(Scope, '_mutable_collection', tie_vars.tie_aware_names),
   ]
 
 

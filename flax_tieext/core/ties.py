@@ -17,39 +17,33 @@
 A tie is state of the scope that declares it: :func:`declare` records its
 :class:`~flax.core.tie_spec.Tie` records in that scope's ``flags``, which Flax
 hands to every scope derived from it (``push``, ``rewound``, and the inner
-scopes of every lifted transform). So a tie is in force wherever its target is
-used: in every method, in ``setup``, under ``bind`` and ``apply(method=...)``.
-The rules, each stated once:
+scopes of every lifted transform), so a tie is in force wherever its target is
+used. This module is the mechanism inside one scope tree; lifted transforms
+take part through ``flax.core.tie_lift``, single tied variables through
+``flax.core.tie_vars``. The rules, each stated once:
 
+* **Reach** (:func:`reach`). A path is found up the parents, then among the
+  inner roots of the same lifted transform, then outside it, where it is a
+  closed-over, read-only value.
 * **Storage** (:func:`_resolve`). A target scope's collection *is* its
   source's dict, kept where Flax keeps a scope's collections; a scope below a
-  target reaches it through its parent, as in Flax. A tied variable is read
-  and written through its parent's collection (:class:`_TiedCollection`).
-* **Reach** (:func:`_base`). The source is found up the parents, then among
-  the inner roots of the same lifted transform, then outside it. What lies
-  outside a transform is a closed-over, read-only value.
-* **Lifting** (:func:`lifted_sources`). What a transform does with a source
-  outside it is its own declaration (:data:`CROSSINGS`): lift it with the
-  target (as Flax lifts a Module attribute), lift only its rngs (a mapped
-  transform: the variables are broadcast), or read it as a closure.
+  target reaches it through its parent, as in Flax.
 * **Rngs** (:func:`_share_rngs`). A module-level ``params`` target draws from
-  its source's rng streams: outside ``init`` with the source's counters (one
-  module called twice); during ``init`` with fresh counters, so that a copy
-  it initializes equals what the source draws.
-* **Init.** A ``params`` target works on a copy that starts as its source's
-  variables; a variable the source lacks (or all of them, if the target runs
-  first) is initialized into the copy. Other collections use the source once
-  it exists, so writes land as in one module. When the declaring call
-  returns, :func:`check_init` checks each copy against its source and drops
-  it: the stored values are the source's, whichever use runs first.
+  its source's rng streams: with the source's counters (one module called
+  twice), or, while initializing, with fresh ones, so that a copy it
+  initializes equals what the source draws.
+* **Init** (:func:`check_init`). A ``params`` target works on a copy that
+  starts as its source's variables; other collections use the source once it
+  exists. When the declaring call returns, each copy is checked against its
+  source and dropped: the stored values are the source's, whichever use runs
+  first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Mapping, MutableMapping
 
 import jax
 
@@ -74,42 +68,16 @@ from flax_tieext.core.tie_spec import (
 
 TIES_FLAG = '__ties__'
 # On an inner root of a lifted transform (and the scopes below it): what that
-# root stands for (a _Lift). Flags, so that rewound() keeps it.
+# root stands for, recorded by ``tie_lift``. Flags, so that rewound() keeps it:
+# ``outer`` (the scope it was lifted from), ``siblings`` (the inner roots of
+# the same pack), ``name``, ``maps`` and ``caches_trace`` (what the transform
+# declares), ``rngs_only`` (a source lifted for its rngs only) and ``closure``
+# (the record of the transform whose closed-over values it holds, or None).
 LIFT_FLAG = '__tie_lift__'
 
 
-@dataclasses.dataclass(frozen=True)
-class Crossing:
-  """What a lifted transform does with a tie source that lies outside it.
-
-  Attributes:
-    lifts: the source's scope is lifted with the target, with its variables
-      (as Flax lifts a Module attribute). Otherwise the source is read as a
-      closed-over, read-only value.
-    maps: the transform maps over an axis: the source's rngs are lifted (and
-      split like every lifted scope's), its variables stay a broadcast value.
-    caches_trace: the transform reuses its trace, so a closed-over source
-      would go stale.
-  """
-
-  lifts: bool = False
-  maps: bool = False
-  caches_trace: bool = False
 
 
-LIFT = Crossing(lifts=True)
-# What each of Flax's lifted transforms does with a tie source outside it, by
-# the name it gives pack. Upstream this is pack's ``tie_sources`` argument,
-# passed by each transform; a transform that declares nothing gets a TieError
-# when a tie source lies outside it, never a guess.
-CROSSINGS = {
-    'remat': LIFT, 'cond': LIFT, 'switch': LIFT, 'while_loop': LIFT,
-    'map_variables': LIFT, 'fold_rngs': LIFT,
-    'jit': Crossing(lifts=True, caches_trace=True),
-    'vmap': Crossing(maps=True), 'scan': Crossing(maps=True),
-    'vjp': Crossing(), 'jvp': Crossing(), 'value_and_grad': Crossing(),
-    'custom_vjp': Crossing(),
-}
 
 
 def ties_in_force(scope) -> tuple[Tie, ...]:
@@ -143,18 +111,9 @@ def declare(scope, ties: tuple[Tie, ...]):
 # ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Lift:
-  """What an inner root scope of a lifted transform stands for."""
-
-  outer: Any  # the outer scope
-  siblings: tuple  # the inner roots of the same pack (tie sources included)
-  name: str  # the pack's name
-  rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
-  closure: str | None  # the transform whose closed-over values it holds
 
 
-def _lift(scope) -> _Lift | None:
+def _lift(scope):
   """What the root of ``scope`` stands for, if it is an inner root of a pack."""
   return scope.root.flags.get(LIFT_FLAG)
 
@@ -169,7 +128,7 @@ def _tie_for(scope, path: Path, col: str) -> Tie | None:
 
 
 def _base(scope, path: Path, rngs: bool = False):
-  """``(scope at or above path, names of the transforms crossed)``.
+  """``(scope at or above path, records of the transforms crossed)``.
 
   Walks up the parents, then over the inner roots of the same lifted
   transform (a root lifted for its rngs only counts for ``rngs``), then out of
@@ -190,7 +149,7 @@ def _base(scope, path: Path, rngs: bool = False):
       if (sib is not scope.root and is_within(path, sib.path)
           and (rngs or not info.rngs_only)):
         return sib, crossed + ((info.closure,) if info.closure else ())
-    crossed += (lift.name,)
+    crossed += (lift,)
     scope = lift.outer
   return None, crossed
 
@@ -218,12 +177,12 @@ def stored(scope, path: Path, col: str):
 
 
 def _names(crossed) -> str:
-  return ' and '.join(f'nn.{name}' for name in crossed)
+  return ' and '.join(f'nn.{lift.name}' for lift in crossed)
 
 
 def _maps(crossed) -> bool:
   """Whether a crossed transform maps over an axis (its sources broadcast)."""
-  return any(CROSSINGS.get(name, LIFT).maps for name in crossed)
+  return any(lift.maps for lift in crossed)
 
 
 # ---------------------------------------------------------------------------
@@ -326,8 +285,7 @@ def _missing(scope, tie: Tie, col: str):
 
 def refuse_stale(scope, tie: Tie, col: str, crossed):
   """A closed-over source inside a transform that caches its trace is stale."""
-  where = next((name for name in crossed
-                if CROSSINGS.get(name, LIFT).caches_trace), None)
+  where = next((lift.name for lift in crossed if lift.caches_trace), None)
   if where is not None:
     raise tie_error(
         f'The {tie.describe(col)} is used inside nn.{where} at'
@@ -341,7 +299,7 @@ def refuse_stale(scope, tie: Tie, col: str, crossed):
 def _cannot_land(scope, tie: Tie, col: str, crossed, what: str):
   inside = is_within(tie.declared_at, scope.root.path)
   where = _names(crossed)
-  first = crossed[0]
+  first = crossed[0].name
   near = '' if what != 'Initializing' else nearest(
       stored(scope, (), col) or {}, tie.source)
   return tie_error(
@@ -369,17 +327,14 @@ def _read_only(tie: Tie, col: str, scope) -> Exception:
 
 def _tied(scope, col: str, write: bool, original):
   """``original(scope, col)``, seen through the ties in force at ``scope``."""
-  tie = None
-  if col not in scope._variables:  # pylint: disable=protected-access
-    if not scope.is_mutable_collection(col):
-      _check_present(scope, col)
-    tie = _tie_for(scope, scope.path, col)
-  node = (original(scope, col) if tie is None
-          else _resolve(scope, tie, col, write, original))
-  named = {t.target[-1]: t for t in ties_in_force(scope)
-           if t.target[:-1] == scope.path and len(t.target) > len(scope.path)
-           and t.applies_to(col)}
-  return _TiedCollection(scope, col, node, named) if named else node
+  if col in scope._variables:  # pylint: disable=protected-access
+    return original(scope, col)
+  if not scope.is_mutable_collection(col):
+    _check_present(scope, col)
+  tie = _tie_for(scope, scope.path, col)
+  if tie is None:
+    return original(scope, col)
+  return _resolve(scope, tie, col, write, original)
 
 
 def _check_present(scope, col: str):
@@ -479,94 +434,8 @@ def _share_rngs(scope):
                         else source.rng_counters)
 
 
-class _TiedCollection(MutableMapping):
-  """A scope's collection in which some names are tied variables.
-
-  A tied name reads and writes its source variable; every other name (and a
-  tied name whose source is a module, resolved in the submodule's own scope)
-  is the scope's own. Membership, iteration and length agree.
-  """
-
-  def __init__(self, scope, col: str, own, ties: dict[str, Tie]):
-    self._scope, self._col, self._own, self._ties = scope, col, own, ties
-
-  def _source(self, name: str, write: bool = False):
-    """``(parent dict, name)`` of the source variable, or None for our own."""
-    tie = self._ties.get(name)
-    if tie is None:
-      return None
-    scope, col = self._scope, self._col
-    parent, crossed = reach(scope, tie.source[:-1])
-    node = None if parent is None else parent._collection(col)  # pylint: disable=protected-access
-    found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
-    if parent is None or isinstance(found, Mapping):
-      return None  # a submodule: its own scope resolves the tie
-    if (scope.get_flag('initializing', False) and not _maps(crossed)
-        and scope.is_mutable_collection(col)
-        and (found is None or write and col == 'params')):
-      return None  # a copy, checked and dropped by check_init
-    if crossed:
-      refuse_stale(scope, tie, col, crossed)
-      if write or found is None:
-        raise _cannot_land(scope, tie, col, crossed,
-                           'A write to' if write else 'Initializing')
-    elif found is None and not scope.is_mutable_collection(col):
-      raise _missing_variable(scope, tie, col, node)
-    if write and tie.view is not None:
-      raise _read_only(tie, col, scope)
-    tie.used.add(col)
-    if write:
-      node = parent._mutable_collection(col)  # pylint: disable=protected-access
-    return node, tie.source[-1]
-
-  def __getitem__(self, name):
-    where = self._source(name)
-    if where is None:
-      return self._own[name]
-    parent, key = where
-    if key not in parent:
-      raise KeyError(name)
-    return apply_view(self._ties[name], parent[key])
-
-  def __contains__(self, name):
-    where = self._source(name)
-    return name in self._own if where is None else where[1] in where[0]
-
-  def __setitem__(self, name, value):
-    where = self._source(name, write=True)
-    if where is None:
-      self._own[name] = value
-      return
-    parent, key = where
-    if key in parent:
-      check_like(self._ties[name], self._col, parent[key], value)
-    parent[key] = value
-
-  def __delitem__(self, name):
-    del self._own[name]
-
-  def __iter__(self) -> Iterator[str]:
-    yield from self._own
-    for name in self._ties:
-      if name not in self._own and name in self:
-        yield name
-
-  def __len__(self) -> int:
-    return sum(1 for _ in self)
 
 
-def _missing_variable(scope, tie: Tie, col: str, node):
-  """The source variable is not stored: say where it is, or what is near."""
-  return tie_error(
-      f'The source {text(tie.source)} of the {tie.describe(col)} is not'
-      f' stored (looked up from {scope.path_text}).'
-      + (_held_elsewhere(scope, tie.source, col) or nearest(
-          node if isinstance(node, Mapping) else {}, tie.source[-1:],
-          tie.source[:-1])),
-      'Fix the source path (paths are relative to the module that declares'
-      ' the tie; a leading "/" starts at the root module), or the'
-      ' collections.',
-      "Pass the source's variables to apply.")
 
 
 def _held_elsewhere(scope, path: Path, col: str) -> str:
@@ -579,106 +448,12 @@ def _held_elsewhere(scope, path: Path, col: str) -> str:
           f' collection (collections={holders[0]!r}).')
 
 
-# ---------------------------------------------------------------------------
-# Lifting (called by lift._partial_pack)
-# ---------------------------------------------------------------------------
 
 
-def lifted_sources(scopes, name: str):
-  """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
-
-  For a target inside ``scopes`` whose source lies outside all of them, as
-  the transform declares (:data:`CROSSINGS`): the source's scope (a
-  variable's module) with its variables, or with its rngs only, or nothing.
-  A source seen here only as a closed-over value is lifted as one, read-only.
-  A source not stored yet is not lifted: the target initializes its own copy,
-  and the transform sees exactly what it sees without the tie.
-  """
-  crossing = CROSSINGS.get(name)
-  extra, paths = [], set()
-  for scope in scopes:
-    for tie in ties_in_force(scope):
-      if not is_within(tie.target, scope.path) or any(
-          is_within(tie.source, s.path) for s in scopes):
-        continue
-      if crossing is None:
-        raise tie_error(
-            f'The target of the {tie.describe()} is inside the lifted'
-            f' transform {name!r} at {scope.path_text}, and its source lies'
-            f' outside it, but {name!r} does not declare what it does with a'
-            ' tie source outside it.',
-            'Declare the tie inside the transform, with both paths inside it.')
-      if not (crossing.lifts or crossing.maps):
-        continue  # read as a closed-over value
-      col = next((c for c in ('params', *named_collections(tie.collections),
-                              *visible_collections(scope))
-                  if tie.applies_to(c)), 'params')
-      path = tie.source
-      parent, _ = reach(scope, path[:-1])
-      node = None if parent is None else walk(parent._collection(col), path[-1:])  # pylint: disable=protected-access
-      if node is None or (isinstance(node, Mapping) and not node):
-        continue  # nothing stored yet: the target initializes its own copy
-      if not isinstance(node, Mapping):
-        path = path[:-1]  # a variable: lift its module
-      if path in paths or any(is_within(path, s.path) for s in scopes):
-        continue
-      paths.add(path)
-      source, _ = reach(scope, path, rngs=True)
-      values, crossed = reach(scope, path)
-      if crossing.maps:
-        extra.append((_detached(source, {}), source, True, None))
-      elif crossed:  # only a closed-over value here: lift it as one
-        extra.append((_detached(source, {
-            c: values._collection(c) for c in visible_collections(scope)  # pylint: disable=protected-access
-            if tie.applies_to(c)}), source, False, crossed[0]))
-      else:
-        extra.append((source, source, False, None))
-  return extra
 
 
-def _detached(scope, variables):
-  """A read-only root scope at ``scope``'s path: ``variables``, its rngs."""
-  new = type(scope)(dict(variables), None, scope.name, False, None,
-                    path=scope.path, debug_path=scope.debug_path,
-                    flags=scope.flags)
-  new.rngs, new.rng_counters = scope.rngs, scope.rng_counters
-  return new
 
 
-def without_borrowed(scope, lifted):
-  """``(scope as pack lifts it, collections left out)``.
-
-  A lifted scope that is itself a target carries its source's collections
-  (a tied scanned stack is scanned like its source), unless the source is
-  among the ``lifted`` scopes (with its variables): then the inner target
-  reaches the inner source, and lifting the collections twice would fork
-  them.
-  """
-  if not any(t.target == scope.path
-             and any(is_within(t.source, s.path) for s in lifted)
-             for t in ties_in_force(scope)):
-    return scope, ()
-  scope._populate_collections()  # pylint: disable=protected-access
-  borrowed = _borrowed(scope)
-  if not borrowed:
-    return scope, ()
-  new = scope.rewound()
-  new.flags = freeze({k: v for k, v in scope.flags.items() if k != TIES_FLAG})
-  new._variables = {c: v for c, v in scope._variables.items()  # pylint: disable=protected-access
-                    if c not in borrowed}
-  return new, borrowed
-
-
-def _borrowed(scope) -> set[str]:
-  """The collections ``scope``, a target, holds as its source's very dicts."""
-  found = set()
-  for col, node in scope._variables.items():  # pylint: disable=protected-access
-    tie = _tie_for(scope, scope.path, col)
-    if tie is not None:
-      source, _ = reach(scope, tie.source)
-      if source is not None and source._collection(col) is node:  # pylint: disable=protected-access
-        found.add(col)
-  return found
 
 
 def visible_collections(scope) -> set[str]:
@@ -691,78 +466,8 @@ def visible_collections(scope) -> set[str]:
   return found
 
 
-def _link(outer_scopes, inner_scopes, name, kinds):
-  """Records on each inner root what it stands for (:data:`LIFT_FLAG`)."""
-  siblings = tuple(inner_scopes)
-  for outer, inner, (rngs_only, closure) in zip(outer_scopes, inner_scopes,
-                                                kinds):
-    lift = _lift(outer)
-    closure = closure or (lift.closure if lift else None)
-    inner.flags = freeze({**outer.flags, LIFT_FLAG: _Lift(
-        outer, siblings, name, rngs_only, closure)})
-    if closure:
-      inner.mutable = False
 
 
-def tie_aware_partial_pack(original):
-  """``lift._partial_pack`` in which tie sources take part in the packing.
-
-  When a lifted scope contains a tied target whose source lies outside every
-  lifted scope, the source's scope is packed as well, as the transform
-  declares (:func:`lifted_sources`); inside, the target resolves to the inner
-  source, so reads, writes and gradients reach the one stored variable. The
-  extra scopes are not visible to the transform: ``scope_fn`` returns, and
-  ``repack_fn`` takes, the scope tree it was given. Without ties in force this
-  is Flax's own ``_partial_pack``.
-  """
-  @_hook(original)
-  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
-                    rng_filters, name=None):
-    scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
-    if not any(TIES_FLAG in s.flags for s in scopes):
-      # Flax's own packing; its inner roots only learn where they stand, for
-      # a tie declared inside the transform.
-      scope_fn, *rest = original(scope_tree, in_variable_filters,
-                                 out_variable_filters, rng_filters, name)
-
-      def linked_scope_fn(*args, **kwargs):
-        inner = scope_fn(*args, **kwargs)
-        _link(scopes, treedef.flatten_up_to(inner), name,
-              [(False, None)] * len(scopes))
-        return inner
-
-      return (linked_scope_fn, *rest)
-    for scope in scopes:  # what the scope sees from outside its root, too
-      for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
-        scope._collection(col)  # pylint: disable=protected-access
-    extra = lifted_sources(scopes, name)
-    lifted = scopes + [real for _, real, only, _ in extra if not only]
-    packed = [without_borrowed(s, lifted) for s in scopes]
-    reals = scopes + [real for _, real, _, _ in extra]
-    kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
-    scope_fn, repack_fn, *rest = original(
-        [s for s, _ in packed] + [s for s, _, _, _ in extra],
-        in_variable_filters, out_variable_filters, rng_filters, name)
-
-    def tied_scope_fn(*args, **kwargs):
-      inner = scope_fn(*args, **kwargs)
-      _link(reals, inner, name, kinds)
-      for (_, excluded), inner_scope in zip(packed, inner):
-        for col in excluded:  # reach the inner source now, as pack would
-          inner_scope._collection(col)  # pylint: disable=protected-access
-      return treedef.unflatten(inner[:len(scopes)])
-
-    def tied_repack_fn(inner_scope_tree):
-      inner = list(treedef.flatten_up_to(inner_scope_tree))
-      if inner and _lift(inner[0]) is not None:
-        inner += _lift(inner[0]).siblings[len(inner):]
-      for inner_scope in inner:
-        for col in _borrowed(inner_scope):  # its source repacks them
-          del inner_scope._variables[col]  # pylint: disable=protected-access
-      return repack_fn(inner)
-
-    return (tied_scope_fn, tied_repack_fn, *rest)
-  return _partial_pack
 
 
 # ---------------------------------------------------------------------------

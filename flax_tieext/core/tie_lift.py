@@ -1,0 +1,270 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Tied variables through lifted transforms.
+
+Lifted transforms build their inner scopes with ``parent=None``, so a target
+inside one cannot reach a source outside it by walking up. Each transform
+declares what a tie source outside it is (:data:`CROSSINGS`); the hook on
+``lift._partial_pack`` (:func:`tie_aware_partial_pack`) lifts the sources as
+declared and records on each inner root what it stands for, which
+``ties.reach`` walks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from flax.core.frozen_dict import freeze
+from flax_tieext.core.tie_spec import is_within, named_collections, tie_error, walk
+from flax_tieext.core.ties import (
+    LIFT_FLAG,
+    TIES_FLAG,
+    _hook,
+    _lift,
+    _tie_for,
+    reach,
+    ties_in_force,
+    visible_collections,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Crossing:
+  """What a lifted transform does with a tie source that lies outside it.
+
+  Attributes:
+    lifts: the source's scope is lifted with the target, with its variables
+      (as Flax lifts a Module attribute). Otherwise the source is read as a
+      closed-over, read-only value.
+    maps: the transform maps over an axis: the source's rngs are lifted (and
+      split like every lifted scope's), its variables stay a broadcast value.
+    caches_trace: the transform reuses its trace, so a closed-over source
+      would go stale.
+  """
+
+  lifts: bool = False
+  maps: bool = False
+  caches_trace: bool = False
+
+
+LIFT = Crossing(lifts=True)
+
+
+# What each of Flax's lifted transforms does with a tie source outside it, by
+# the name it gives pack. Upstream this is pack's ``tie_sources`` argument,
+# passed by each transform; a transform that declares nothing gets a TieError
+# when a tie source lies outside it, never a guess.
+CROSSINGS = {
+    'remat': LIFT, 'cond': LIFT, 'switch': LIFT, 'while_loop': LIFT,
+    'map_variables': LIFT, 'fold_rngs': LIFT,
+    'jit': Crossing(lifts=True, caches_trace=True),
+    'vmap': Crossing(maps=True), 'scan': Crossing(maps=True),
+    'vjp': Crossing(), 'jvp': Crossing(), 'value_and_grad': Crossing(),
+    'custom_vjp': Crossing(),
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Lift:
+  """What an inner root scope of a lifted transform stands for.
+
+  Kept in the inner root's flags (``ties.LIFT_FLAG``), where ``ties.reach``
+  reads it.
+  """
+
+  outer: Any  # the outer scope
+  siblings: tuple  # the inner roots of the same pack (tie sources included)
+  name: str  # the pack's name
+  maps: bool  # the transform maps over an axis (see Crossing)
+  caches_trace: bool  # the transform reuses its trace (see Crossing)
+  rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
+  closure: Any  # the _Lift of the transform whose closed-over values it holds
+
+
+def lifted_sources(scopes, name: str):
+  """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
+
+  For a target inside ``scopes`` whose source lies outside all of them, as
+  the transform declares (:data:`CROSSINGS`): the source's scope (a
+  variable's module) with its variables, or with its rngs only, or nothing.
+  A source seen here only as a closed-over value is lifted as one, read-only.
+  A source not stored yet is not lifted: the target initializes its own copy,
+  and the transform sees exactly what it sees without the tie.
+  """
+  crossing = CROSSINGS.get(name)
+  extra, paths = [], set()
+  for scope in scopes:
+    for tie in ties_in_force(scope):
+      if not is_within(tie.target, scope.path) or any(
+          is_within(tie.source, s.path) for s in scopes):
+        continue
+      if crossing is None:
+        raise tie_error(
+            f'The target of the {tie.describe()} is inside the lifted'
+            f' transform {name!r} at {scope.path_text}, and its source lies'
+            f' outside it, but {name!r} does not declare what it does with a'
+            ' tie source outside it.',
+            'Declare the tie inside the transform, with both paths inside it.')
+      if not (crossing.lifts or crossing.maps):
+        continue  # read as a closed-over value
+      col = next((c for c in ('params', *named_collections(tie.collections),
+                              *visible_collections(scope))
+                  if tie.applies_to(c)), 'params')
+      path = tie.source
+      parent, _ = reach(scope, path[:-1])
+      node = None if parent is None else walk(parent._collection(col), path[-1:])  # pylint: disable=protected-access
+      if node is None or (isinstance(node, Mapping) and not node):
+        continue  # nothing stored yet: the target initializes its own copy
+      if not isinstance(node, Mapping):
+        path = path[:-1]  # a variable: lift its module
+      if path in paths or any(is_within(path, s.path) for s in scopes):
+        continue
+      paths.add(path)
+      source, _ = reach(scope, path, rngs=True)
+      values, crossed = reach(scope, path)
+      if crossing.maps:
+        extra.append((_detached(source, {}), source, True, None))
+      elif crossed:  # only a closed-over value here: lift it as one
+        extra.append((_detached(source, {
+            c: values._collection(c) for c in visible_collections(scope)  # pylint: disable=protected-access
+            if tie.applies_to(c)}), source, False, crossed[0]))
+      else:
+        extra.append((source, source, False, None))
+  return extra
+
+
+def _detached(scope, variables):
+  """A read-only root scope at ``scope``'s path: ``variables``, its rngs."""
+  new = type(scope)(dict(variables), None, scope.name, False, None,
+                    path=scope.path, debug_path=scope.debug_path,
+                    flags=scope.flags)
+  new.rngs, new.rng_counters = scope.rngs, scope.rng_counters
+  return new
+
+
+def without_borrowed(scope, lifted):
+  """``(scope as pack lifts it, collections left out)``.
+
+  A lifted scope that is itself a target carries its source's collections
+  (a tied scanned stack is scanned like its source), unless the source is
+  among the ``lifted`` scopes (with its variables): then the inner target
+  reaches the inner source, and lifting the collections twice would fork
+  them.
+  """
+  if not any(t.target == scope.path
+             and any(is_within(t.source, s.path) for s in lifted)
+             for t in ties_in_force(scope)):
+    return scope, ()
+  scope._populate_collections()  # pylint: disable=protected-access
+  borrowed = _borrowed(scope)
+  if not borrowed:
+    return scope, ()
+  new = scope.rewound()
+  new.flags = freeze({k: v for k, v in scope.flags.items() if k != TIES_FLAG})
+  new._variables = {c: v for c, v in scope._variables.items()  # pylint: disable=protected-access
+                    if c not in borrowed}
+  return new, borrowed
+
+
+def _borrowed(scope) -> set[str]:
+  """The collections ``scope``, a target, holds as its source's very dicts."""
+  found = set()
+  for col, node in scope._variables.items():  # pylint: disable=protected-access
+    tie = _tie_for(scope, scope.path, col)
+    if tie is not None:
+      source, _ = reach(scope, tie.source)
+      if source is not None and source._collection(col) is node:  # pylint: disable=protected-access
+        found.add(col)
+  return found
+
+
+def _link(outer_scopes, inner_scopes, name, kinds):
+  """Records on each inner root what it stands for (``ties.LIFT_FLAG``)."""
+  siblings = tuple(inner_scopes)
+  crossing = CROSSINGS.get(name, Crossing())
+  for outer, inner, (rngs_only, closure) in zip(outer_scopes, inner_scopes,
+                                                kinds):
+    lift = _lift(outer)
+    closure = closure or (lift.closure if lift else None)
+    inner.flags = freeze({**outer.flags, LIFT_FLAG: _Lift(
+        outer, siblings, name, crossing.maps, crossing.caches_trace,
+        rngs_only, closure)})
+    if closure:
+      inner.mutable = False
+
+
+def tie_aware_partial_pack(original):
+  """``lift._partial_pack`` in which tie sources take part in the packing.
+
+  When a lifted scope contains a tied target whose source lies outside every
+  lifted scope, the source's scope is packed as well, as the transform
+  declares (:func:`lifted_sources`); inside, the target resolves to the inner
+  source, so reads, writes and gradients reach the one stored variable. The
+  extra scopes are not visible to the transform: ``scope_fn`` returns, and
+  ``repack_fn`` takes, the scope tree it was given. Without ties in force this
+  is Flax's own ``_partial_pack``.
+  """
+  @_hook(original)
+  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
+                    rng_filters, name=None):
+    scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
+    if not any(TIES_FLAG in s.flags for s in scopes):
+      # Flax's own packing; its inner roots only learn where they stand, for
+      # a tie declared inside the transform.
+      scope_fn, *rest = original(scope_tree, in_variable_filters,
+                                 out_variable_filters, rng_filters, name)
+
+      def linked_scope_fn(*args, **kwargs):
+        inner = scope_fn(*args, **kwargs)
+        _link(scopes, treedef.flatten_up_to(inner), name,
+              [(False, None)] * len(scopes))
+        return inner
+
+      return (linked_scope_fn, *rest)
+    for scope in scopes:  # what the scope sees from outside its root, too
+      for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
+        scope._collection(col)  # pylint: disable=protected-access
+    extra = lifted_sources(scopes, name)
+    lifted = scopes + [real for _, real, only, _ in extra if not only]
+    packed = [without_borrowed(s, lifted) for s in scopes]
+    reals = scopes + [real for _, real, _, _ in extra]
+    kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
+    scope_fn, repack_fn, *rest = original(
+        [s for s, _ in packed] + [s for s, _, _, _ in extra],
+        in_variable_filters, out_variable_filters, rng_filters, name)
+
+    def tied_scope_fn(*args, **kwargs):
+      inner = scope_fn(*args, **kwargs)
+      _link(reals, inner, name, kinds)
+      for (_, excluded), inner_scope in zip(packed, inner):
+        for col in excluded:  # reach the inner source now, as pack would
+          inner_scope._collection(col)  # pylint: disable=protected-access
+      return treedef.unflatten(inner[:len(scopes)])
+
+    def tied_repack_fn(inner_scope_tree):
+      inner = list(treedef.flatten_up_to(inner_scope_tree))
+      if inner and _lift(inner[0]) is not None:
+        inner += _lift(inner[0]).siblings[len(inner):]
+      for inner_scope in inner:
+        for col in _borrowed(inner_scope):  # its source repacks them
+          del inner_scope._variables[col]  # pylint: disable=protected-access
+      return repack_fn(inner)
+
+    return (tied_scope_fn, tied_repack_fn, *rest)
+  return _partial_pack
