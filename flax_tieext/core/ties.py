@@ -76,10 +76,6 @@ TIES_FLAG = '__ties__'
 LIFT_FLAG = '__tie_lift__'
 
 
-
-
-
-
 def ties_in_force(scope) -> tuple[Tie, ...]:
   return scope.flags.get(TIES_FLAG, ())
 
@@ -109,8 +105,6 @@ def declare(scope, ties: tuple[Tie, ...]):
 # ---------------------------------------------------------------------------
 # Where a path is stored
 # ---------------------------------------------------------------------------
-
-
 
 
 def _lift(scope):
@@ -434,10 +428,6 @@ def _share_rngs(scope):
                         else source.rng_counters)
 
 
-
-
-
-
 def _held_elsewhere(scope, path: Path, col: str) -> str:
   """Names the collections other than ``col`` that hold ``path``, if any."""
   holders = sorted(c for c in visible_collections(scope)
@@ -448,14 +438,6 @@ def _held_elsewhere(scope, path: Path, col: str) -> str:
           f' collection (collections={holders[0]!r}).')
 
 
-
-
-
-
-
-
-
-
 def visible_collections(scope) -> set[str]:
   """The collections of every root up the chain of lifted transforms."""
   found = set()
@@ -464,10 +446,6 @@ def visible_collections(scope) -> set[str]:
     lift = _lift(scope)
     scope = lift and lift.outer
   return found
-
-
-
-
 
 
 # ---------------------------------------------------------------------------
