@@ -21,6 +21,7 @@ up. Shared helpers (Flax sdists, JUnit reports) live in ``.ci/harness.py``.
 """
 
 import configparser
+import os
 import importlib.metadata
 import pathlib
 import shutil
@@ -166,31 +167,47 @@ def matrix(session, flax):
   if not checkout.is_dir():
     harness.extract(harness.flax_sdist(flax), checkout,
                     keep=lambda rel: rel == 'pyproject.toml' or rel.startswith('tests/'))
-  flags = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *UPSTREAM_TESTS,
-           *UPSTREAM_NNX_TESTS.get(flax, ()))
-  plain = _pytest(session, 'flax-plain', *flags, cwd=checkout)
-  patched = _pytest(session, 'flax-patched', '-p', 'flax_tieext.testing.autopatch', *flags,
-                    cwd=checkout)
+  _plain_and_patched(session, 'flax', *UPSTREAM_TESTS, *UPSTREAM_NNX_TESTS.get(flax, ()),
+                     cwd=checkout)
+
+
+def _plain_and_patched(session, suite, *args, cwd):
+  """A library's own tests (pytest `args` in `cwd`), plain, then with the patch.
+
+  Fails unless both runs pass, and pass the same tests (at least one).
+  """
+  args = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *args)
+  plain = _pytest(session, f'{suite}-plain', *args, cwd=cwd)
+  patched = _pytest(session, f'{suite}-patched', '-p', 'flax_tieext.testing.autopatch', *args,
+                    cwd=cwd)
   passing = {run: {t for t, o in found.items() if o == 'passed'}
              for run, found in (('plain', plain), ('patched', patched))}
   if not passing['plain'] or passing['plain'] != passing['patched']:
     session.error(
-        'Flax\'s tests pass differently under the patch: only plain:'
+        f'{suite}\'s tests pass differently under the patch: only plain:'
         + ''.join(f'\n  {t}' for t in sorted(passing['plain'] - passing['patched']))
         + '\nonly patched:'
         + ''.join(f'\n  {t}' for t in sorted(passing['patched'] - passing['plain'])))
-  session.log(f'plain and patched pass the same {len(passing["plain"])} Flax tests')
+  session.log(f'plain and patched pass the same {len(passing["plain"])} {suite} tests')
 
 
 @nox.session(python=PYTHONS[NEWEST])
 def clients(session):
-  """Real HF transformers / recurrentgemma models: identical loss and grads under the patch."""
+  """Real HF transformers / recurrentgemma models under the patch: their grads, their own tests."""
   _fresh_reports(session)
   _install(session, NEWEST, *_extra('test'), *CLIENT_REQUIREMENTS, no_deps=CLIENT_NO_DEPS)
   found = _pytest(session, 'clients', 'tests/clients', *session.posargs,
                   env={'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'})
   if 'passed' not in found.values():
     session.error('clients: no test passed')
+  # recurrentgemma's own tests (Griffin built with nn.remat(static_argnums=...)
+  # and nn.scan), from the installed package, with no pytest config of ours.
+  package = pathlib.Path(session.run(
+      'python', '-c', 'import recurrentgemma; print(recurrentgemma.__path__[0])',
+      silent=True).strip())
+  tests = sorted(str(p) for p in (package / 'jax').glob('*_test.py'))
+  _plain_and_patched(session, 'recurrentgemma', '-c', os.devnull, f'--rootdir={package.parent}',
+                     *tests, cwd=session.create_tmp())
 
 
 @nox.session(python=PYTHONS[NEWEST])
