@@ -16,6 +16,7 @@
 """The repository's entry points do what README.md tells a user."""
 
 import ast
+import configparser
 import pathlib
 import os
 import re
@@ -63,6 +64,22 @@ def test_readme_support_matrix_is_the_one_ci_tests():
     if len(cells) >= 4 and re.fullmatch(r'\d+\.\d+\.\d+', cells[0]):
       rows[cells[0]] = tuple(cells[1:4])
   assert rows == pins
+
+
+def test_readme_opens_with_the_package_description():
+  cfg = configparser.ConfigParser()
+  cfg.read(ROOT / 'setup.cfg')
+  lines = (ROOT / 'README.md').read_text().splitlines()
+  assert lines[0] == '# flax-tieext'
+  assert lines[2].replace('`', '') == cfg['metadata']['description']
+
+
+def test_readme_links_the_guides_right_after_the_commands():
+  text = (ROOT / 'README.md').read_text()
+  after_commands = text[text.index(_readme_test_command()):].split('\n---\n')[0]
+  for page in ('quickstart', 'tie_guide', 'static_arguments'):
+    assert f'](docs/{page}.md)' in after_commands, page
+    assert (ROOT / 'docs' / f'{page}.md').exists(), page
 
 
 def test_every_nox_command_in_the_docs_names_a_session():
