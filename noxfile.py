@@ -17,12 +17,13 @@
 ``nox -l`` lists them; ``nox`` alone runs ``tests``; ``nox -s ci`` runs what
 ``.ci/run`` runs (``CI_SESSIONS``). Every pytest run writes a JUnit
 report to ``.nox/_reports/<session>/<run>.xml``, which ``.ci/summary.py`` adds
-up. Shared helpers (Flax sdists, JUnit reports) live in ``.ci/harness.py``.
+up. Shared helpers (Python interpreters, Flax sdists, JUnit reports) live in
+``.ci/harness.py``.
 """
 
 import configparser
-import os
 import importlib.metadata
+import os
 import pathlib
 import shutil
 import sys
@@ -96,8 +97,8 @@ def _extra(name):
 def _install(session, flax, *extra, no_deps=()):
   """Pinned flax/jax/jaxlib and `extra` in one resolve, then this package.
 
-  Fails the session if the release's Python is missing (it then runs on
-  nox's own, and would test nothing it claims to).
+  Fails the session if the release's Python is missing: nox then gave it its
+  own, on which it would test nothing it claims to.
   """
   jax, jaxlib, _ = PINS[flax]
   if not PYTHONS[flax]:
@@ -110,6 +111,7 @@ def _install(session, flax, *extra, no_deps=()):
 
 
 def _missing_python(flax):
+  """Which Python Flax `flax` needs, where it was looked for, how to get it."""
   python = PINS[flax][2]
   return (f'Flax {flax} is tested on Python {python}, which is not here: neither'
           f' python{python} on PATH runs nor is there a'
