@@ -63,7 +63,8 @@ class _Use:
   Its docstring, which ``help()`` and the API page show, is the one written
   for Flax (``tools/upstream.py`` moves it there verbatim), where ``nn.tie``
   and ``static_argnames`` need no plugin. Here its examples need the patch,
-  so the docstring shown gains ``import flax_tieext`` (:func:`with_import`).
+  so the docstring shown gains ``import flax_tieext`` (:func:`with_import`),
+  on ``obj`` and on what it wraps (``flax_tieext.lift.tie`` for a guard).
   """
 
   def __init__(self, obj):
@@ -71,8 +72,11 @@ class _Use:
 
   def __call__(self, original):
     del original
-    if callable(self.obj) and self.obj.__doc__:
-      self.obj.__doc__ = with_import(self.obj.__doc__)
+    shown = self.obj
+    while callable(shown):
+      if shown.__doc__:
+        shown.__doc__ = with_import(shown.__doc__)
+      shown = getattr(shown, '__wrapped__', None)
     return self.obj
 
 
