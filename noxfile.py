@@ -17,10 +17,13 @@
 ``nox -l`` lists them; ``nox`` alone runs ``tests``; ``nox -s ci`` runs what
 ``.ci/run`` runs (``CI_SESSIONS``). Every pytest run writes a JUnit
 report to ``.nox/_reports/<session>/<run>.xml``, which ``.ci/summary.py`` adds
-up. Shared helpers (Flax sdists, JUnit reports) live in ``.ci/harness.py``.
+up. Shared helpers (Python interpreters, Flax sdists, JUnit reports) live in
+``.ci/harness.py``.
 """
 
 import configparser
+import importlib.metadata
+import os
 import pathlib
 import shutil
 import sys
@@ -34,18 +37,27 @@ import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 REPORTS = ROOT / '.nox' / '_reports'
 
 # The support matrix, and the one place it is recorded: each supported Flax
-# release -> the (jax, jaxlib) it is tested with. Left alone, pip would pair
-# every release with the newest jax, which only the newest Flax works with.
-# Flax 0.7.5 is not supported: it needs jax 0.4.19 and numpy<2.
+# release -> the (jax, jaxlib, Python) it is tested with. Left alone, pip would
+# pair every release with the newest jax, which only the newest Flax works
+# with. Flax 0.12.9 and later need Python >= 3.12. Flax 0.7.5 is not
+# supported: it needs jax 0.4.19 and numpy<2.
 PINS = {
-    '0.8.5': ('0.4.35', '0.4.35'),
-    '0.9.0': ('0.4.35', '0.4.35'),
-    '0.10.7': ('0.8.1', '0.8.1'),
-    '0.11.2': ('0.8.1', '0.8.1'),
-    '0.12.0': ('0.8.1', '0.8.1'),
-    '0.12.8': ('0.10.2', '0.10.2'),
+    '0.8.5': ('0.4.35', '0.4.35', '3.11'),
+    '0.9.0': ('0.4.35', '0.4.35', '3.11'),
+    '0.10.7': ('0.8.1', '0.8.1', '3.11'),
+    '0.11.2': ('0.8.1', '0.8.1', '3.11'),
+    '0.12.0': ('0.8.1', '0.8.1', '3.11'),
+    '0.12.8': ('0.10.2', '0.10.2', '3.11'),
+    '0.12.12': ('0.12.0.1', '0.12.0.1', '3.13'),
 }
-NEWEST = max(PINS, key=lambda v: tuple(int(p) for p in v.split('.')))
+RELEASES = sorted(PINS, key=lambda v: tuple(int(p) for p in v.split('.')))
+NEWEST = RELEASES[-1]
+# Each session runs on its release's Python, found by harness.find_python
+# (None where it is missing: the session then fails, saying which and how to
+# get it). `nox -s tests` takes the newest release whose Python is here.
+_FOUND = {python: harness.find_python(python) for *_, python in PINS.values()}
+PYTHONS = {v: _FOUND[PINS[v][2]] for v in PINS}
+TESTED = next((v for v in reversed(RELEASES) if PYTHONS[v]), NEWEST)
 
 # Flax's own tests of what the patch replaces: lifted transforms (core and
 # linen) and nn.partitioning, run from the release's sdist with its own pytest
@@ -58,7 +70,7 @@ UPSTREAM_TESTS = (
 # ... and its NNX transforms (nnx.remat), where they pass plain on the pinned
 # JAX: on 0.11.2 / 0.12.0 (jax 0.8.1) 7 of 112 fail plain on JAX deprecation
 # warnings, and 0.10.7 cannot import flax.nnx there.
-UPSTREAM_NNX_TESTS = {'0.12.8': ('tests/nnx/transforms_test.py',)}
+UPSTREAM_NNX_TESTS = {v: ('tests/nnx/transforms_test.py',) for v in ('0.12.8', '0.12.12')}
 
 # Real clients of nn.remat / nn.partitioning.remat, on the newest Flax.
 # transformers 4.57.6 is the last release with Flax models. recurrentgemma
@@ -83,13 +95,29 @@ def _extra(name):
 
 
 def _install(session, flax, *extra, no_deps=()):
-  """Pinned flax/jax/jaxlib and `extra` in one resolve, then this package."""
-  jax, jaxlib = PINS[flax]
+  """Pinned flax/jax/jaxlib and `extra` in one resolve, then this package.
+
+  Fails the session if the release's Python is missing: nox then gave it its
+  own, on which it would test nothing it claims to.
+  """
+  jax, jaxlib, _ = PINS[flax]
+  if not PYTHONS[flax]:
+    session.error(_missing_python(flax))
   session.install(f'flax=={flax}', f'jax=={jax}', f'jaxlib=={jaxlib}', *extra, silent=True)
   if no_deps:
     session.install('--no-deps', *no_deps, silent=True)
   session.install('--no-deps', '-e', str(ROOT), silent=True)
   session.run('python', '-c', 'import flax, jax; print("flax", flax.__version__, "jax", jax.__version__)')
+
+
+def _missing_python(flax):
+  """Which Python Flax `flax` needs, where it was looked for, how to get it."""
+  python = PINS[flax][2]
+  return (f'Flax {flax} is tested on Python {python}, which is not here: neither'
+          f' python{python} on PATH runs nor is there a'
+          f' $PYENV_ROOT/versions/{python}.*/bin/python{python}. Install it'
+          f' (`pyenv install {python}`, or your system\'s python{python} package)'
+          ' and run nox again.')
 
 
 def _pytest(session, run, *args, cwd=ROOT, **kwargs):
@@ -115,15 +143,18 @@ def _fresh_reports(session):
   shutil.rmtree(REPORTS / session.name, ignore_errors=True)
 
 
-@nox.session
+@nox.session(python=PYTHONS[TESTED])
 def tests(session):
-  """Our suite on the newest pinned Flax (arguments go to pytest)."""
-  _install(session, NEWEST, *_extra('test'))
+  """Our suite on the newest pinned Flax whose Python is here (arguments go to pytest)."""
+  if TESTED != NEWEST:
+    session.warn(f'{_missing_python(NEWEST)} Testing Flax {TESTED} instead; `nox -s'
+                 f' "matrix({NEWEST})"` fails until then.')
+  _install(session, TESTED, *_extra('test'))
   session.run('python', '-m', 'pytest', *session.posargs)
 
 
 @nox.session
-@nox.parametrize('flax', list(PINS), ids=list(PINS))
+@nox.parametrize('python, flax', [(PYTHONS[v], v) for v in PINS], ids=list(PINS))
 def matrix(session, flax):
   """A Flax release and its pinned JAX: our suite patched + opted out, Flax's tests plain = patched."""
   _fresh_reports(session)
@@ -138,34 +169,50 @@ def matrix(session, flax):
   if not checkout.is_dir():
     harness.extract(harness.flax_sdist(flax), checkout,
                     keep=lambda rel: rel == 'pyproject.toml' or rel.startswith('tests/'))
-  flags = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *UPSTREAM_TESTS,
-           *UPSTREAM_NNX_TESTS.get(flax, ()))
-  plain = _pytest(session, 'flax-plain', *flags, cwd=checkout)
-  patched = _pytest(session, 'flax-patched', '-p', 'flax_tieext.testing.autopatch', *flags,
-                    cwd=checkout)
+  _plain_and_patched(session, 'flax', *UPSTREAM_TESTS, *UPSTREAM_NNX_TESTS.get(flax, ()),
+                     cwd=checkout)
+
+
+def _plain_and_patched(session, suite, *args, cwd):
+  """A library's own tests (pytest `args` in `cwd`), plain, then with the patch.
+
+  Fails unless both runs pass, and pass the same tests (at least one).
+  """
+  args = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *args)
+  plain = _pytest(session, f'{suite}-plain', *args, cwd=cwd)
+  patched = _pytest(session, f'{suite}-patched', '-p', 'flax_tieext.testing.autopatch', *args,
+                    cwd=cwd)
   passing = {run: {t for t, o in found.items() if o == 'passed'}
              for run, found in (('plain', plain), ('patched', patched))}
   if not passing['plain'] or passing['plain'] != passing['patched']:
     session.error(
-        'Flax\'s tests pass differently under the patch: only plain:'
+        f'{suite}\'s tests pass differently under the patch: only plain:'
         + ''.join(f'\n  {t}' for t in sorted(passing['plain'] - passing['patched']))
         + '\nonly patched:'
         + ''.join(f'\n  {t}' for t in sorted(passing['patched'] - passing['plain'])))
-  session.log(f'plain and patched pass the same {len(passing["plain"])} Flax tests')
+  session.log(f'plain and patched pass the same {len(passing["plain"])} {suite} tests')
 
 
-@nox.session
+@nox.session(python=PYTHONS[NEWEST])
 def clients(session):
-  """Real HF transformers / recurrentgemma models: identical loss and grads under the patch."""
+  """Real HF transformers / recurrentgemma models under the patch: their grads, their own tests."""
   _fresh_reports(session)
   _install(session, NEWEST, *_extra('test'), *CLIENT_REQUIREMENTS, no_deps=CLIENT_NO_DEPS)
   found = _pytest(session, 'clients', 'tests/clients', *session.posargs,
                   env={'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'})
   if 'passed' not in found.values():
     session.error('clients: no test passed')
+  # recurrentgemma's own tests (Griffin built with nn.remat(static_argnums=...)
+  # and nn.scan), from the installed package, with no pytest config of ours.
+  package = pathlib.Path(session.run(
+      'python', '-c', 'import recurrentgemma; print(recurrentgemma.__path__[0])',
+      silent=True).strip())
+  tests = sorted(str(p) for p in (package / 'jax').glob('*_test.py'))
+  _plain_and_patched(session, 'recurrentgemma', '-c', os.devnull, f'--rootdir={package.parent}',
+                     *tests, cwd=session.create_tmp())
 
 
-@nox.session
+@nox.session(python=PYTHONS[NEWEST])
 def distributed(session):
   """A tied model over 2 jax.distributed processes: sharding, Orbax restores, faults, demo."""
   _fresh_reports(session)
@@ -179,7 +226,7 @@ def distributed(session):
           *session.posargs)
 
 
-@nox.session(name='tie-properties')
+@nox.session(name='tie-properties', python=PYTHONS[NEWEST])
 def tie_properties(session):
   """The tie property test (tests/test_tie_properties.py) with 60 examples."""
   _fresh_reports(session)
@@ -211,7 +258,7 @@ def _sphinx(session, builder):
               str(DOCS_BUILD / builder))
 
 
-@nox.session
+@nox.session(python=PYTHONS[NEWEST])
 def docs(session):
   """The documentation site: Sphinx + MyST, warnings are errors, doctests run."""
   _install(session, NEWEST, *_extra('docs'), 'pytest')
@@ -223,7 +270,7 @@ def docs(session):
               '-q')
 
 
-@nox.session
+@nox.session(python=PYTHONS[NEWEST])
 def screenshots(session):
   """The key docs pages at 1280 px in headless Chromium: docs/_build/screenshots/*.png."""
   if not shutil.which('chromium'):
@@ -235,7 +282,7 @@ def screenshots(session):
               str(DOCS_BUILD / 'screenshots'))
 
 
-@nox.session
+@nox.session(python=PYTHONS[NEWEST])
 def bench(session):
   """Benchmarks: writes benchmarks/results.json, renders docs/benchmarks.md and its PNG."""
   _install(session, NEWEST, *_extra('test'), *_extra('plot'))
@@ -247,8 +294,21 @@ def bench(session):
 @nox.session(python=False)
 def ci(session):
   """Everything .ci/run runs after the README test command (CI_SESSIONS)."""
+  # The README test command, just run by .ci/run in the environment nox runs
+  # from, is our suite patched on that environment's Flax: where that is a
+  # release of the matrix with its pins, its matrix run adds the opted-out
+  # half only.
+  readme_release = _release_of_this_environment()
   for name in CI_SESSIONS:
-    # The README test command, just run by .ci/run, is our suite patched on
-    # the newest Flax: its matrix run adds the opted-out half only.
-    posargs = ['-k', 'opted-out'] if name == f'matrix({NEWEST})' else None
+    posargs = ['-k', 'opted-out'] if name == f'matrix({readme_release})' else None
     session.notify(name, posargs)
+
+
+def _release_of_this_environment():
+  """The PINS release whose flax, jax, jaxlib and Python nox runs with, or None."""
+  try:
+    here = tuple(importlib.metadata.version(d) for d in ('flax', 'jax', 'jaxlib'))
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  python = '%d.%d' % sys.version_info[:2]
+  return next((v for v, pins in PINS.items() if (v, *pins) == (*here, python)), None)

@@ -12,7 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""What the test harness shares: Flax sdists and JUnit reports.
+"""What the test harness shares: Python interpreters, Flax sdists, JUnit reports.
 
 Used by ``noxfile.py`` and ``.ci/summary.py``; a tool elsewhere imports it with
 ``sys.path.insert(0, str(ROOT / '.ci')); import harness``.
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -30,6 +32,29 @@ import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SDISTS = ROOT / '.nox' / '_sdists'
+
+
+
+def find_python(version: str) -> str | None:
+  """An interpreter of Python ``version`` (``'3.13'``) that runs, or None.
+
+  ``python3.13`` on ``PATH`` if it runs (a pyenv shim answers only when
+  ``PYENV_VERSION`` names its version), else pyenv's own
+  ``$PYENV_ROOT/versions/3.13.*/bin/python3.13``.
+  """
+  pyenv = pathlib.Path(os.environ.get('PYENV_ROOT', '~/.pyenv')).expanduser()
+  installed = sorted(pyenv.glob(f'versions/{version}.*/bin/python{version}'))
+  for exe in filter(None, [shutil.which(f'python{version}'), *installed]):
+    try:
+      found = subprocess.run(
+          [exe, '-c', 'import sys; print("%d.%d" % sys.version_info[:2])'],
+          capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+      continue
+    if found.returncode == 0 and found.stdout.strip() == version:
+      return str(exe)
+  return None
+
 
 # The sha256 of each Flax sdist we use, as PyPI lists it
 # (https://pypi.org/simple/flax/). A downloaded sdist must match.

@@ -48,7 +48,7 @@ def main(argv):
       counts = harness.counts({xml.stem: 'error'})
       print(f'{xml}: unreadable report ({e})')
     total.update(counts)
-    print(f'  {xml.parent.name:<16} {xml.stem:<16} {harness.describe(counts)}')
+    print(f'  {xml.parent.name:<16} {xml.stem:<22} {harness.describe(counts)}')
   failed = total['failed'] + total['error']
   print(f'ci: {total["passed"]} passed, {failed} failed, {total["skipped"]} skipped')
   return 1 if failed or not xmls else 0

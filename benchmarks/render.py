@@ -44,22 +44,26 @@ STATIC_TARGETS = {'flops': 1.0, 'temp_bytes': 1.0, 'compile_seconds': 1.05}
 IMPORT_TARGET_SECONDS = 0.050
 
 
+# Between a number and its unit: a table cell wraps between words, not there.
+NBSP = '&nbsp;'
+
+
 def _fmt(value: float, kind: str) -> str:
   if kind == 'bytes':
-    return f'{value / 2**20:.2f} MiB'
+    return f'{value / 2**20:.2f}{NBSP}MiB'
   if kind == 'seconds':
-    return f'{value:.2f} s'
+    return f'{value:.2f}{NBSP}s'
   if kind == 'ms':
-    return f'{value * 1e3:.1f} ms'
+    return f'{value * 1e3:.1f}{NBSP}ms'
   if kind == 'flops':
-    return f'{value / 1e6:.1f} M'
+    return f'{value / 1e6:.1f}{NBSP}M'
   return f'{value:g}'
 
 
 def _verdict(ratio: float, bound: float) -> str:
   ok = ratio == bound if bound == 1.0 else ratio <= bound
-  target = '= 1.000' if bound == 1.0 else f'≤ {bound:.2f}'
-  return f'{target} {"✓" if ok else "✗"}'
+  target = f'={NBSP}1.000' if bound == 1.0 else f'≤{NBSP}{bound:.2f}'
+  return f'{target}{NBSP}{"✓" if ok else "✗"}'
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -232,7 +236,7 @@ def import_overhead(row: dict) -> list[str]:
               [(_fmt(row['flax_linen_seconds'], 'ms'),
                 _fmt(row['flax_tieext_seconds'], 'ms'),
                 f'{row["relative"]:.3f}',
-                f'≤ 50 ms {"✓" if ok else "✗"}')]),
+                f'≤{NBSP}50{NBSP}ms{NBSP}{"✓" if ok else "✗"}')]),
       '',
   ]
 

@@ -50,7 +50,10 @@ myst_enable_extensions = ['colon_fence']
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_member_order = 'bysource'
-autodoc_typehints = 'signature'
+# Signatures as a user writes the call, as in Flax's own API pages: the types
+# are in each docstring's Args, in words (Flax's CollectionFilter, expanded,
+# would read `bool | str | Collection[str] | DenyList`).
+autodoc_typehints = 'none'
 autodoc_preserve_defaults = True
 
 doctest_global_setup = '''
@@ -69,3 +72,17 @@ html_theme_options = {
     'page_width': '1240px',
     'sidebar_width': '240px',
 }
+
+
+def _alias_points_to_its_function(app, what, name, obj, options, lines):
+  """``remat = checkpoint``, documented as ``remat``: its signature, and a link
+  to the function it is instead of a second copy of its docstring."""
+  del app, options
+  own = getattr(obj, '__name__', None)
+  module, _, shown = name.rpartition('.')
+  if what == 'function' and own and shown != own:
+    lines[:] = [f'An alias of :func:`{module}.{own}`.', '']
+
+
+def setup(app):
+  app.connect('autodoc-process-docstring', _alias_points_to_its_function)

@@ -58,14 +58,42 @@ class _Binding:
 
 
 class _Use:
-  """A replacement that does not need Flax's original: ``obj`` itself."""
+  """A replacement that does not need Flax's original: ``obj`` itself.
+
+  Its docstring, which ``help()`` and the API page show, is the one written
+  for Flax (``tools/upstream.py`` moves it there verbatim), where ``nn.tie``
+  and ``static_argnames`` need no plugin. Here its examples need the patch,
+  so the docstring shown gains ``import flax_tieext`` (:func:`with_import`),
+  on ``obj`` and on what it wraps (``flax_tieext.lift.tie`` for a guard).
+  """
 
   def __init__(self, obj):
     self.obj = obj
 
   def __call__(self, original):
     del original
+    shown = self.obj
+    while callable(shown):
+      if shown.__doc__:
+        shown.__doc__ = with_import(shown.__doc__)
+      shown = getattr(shown, '__wrapped__', None)
     return self.obj
+
+
+SHOWN_IMPORT = 'import flax_tieext  # installs tie and static_argnames into Flax'
+
+
+def with_import(doc: str) -> str:
+  """``doc`` with ``>>> import flax_tieext`` first in its first example.
+
+  First: an example's ``from flax.core import tie_variables`` needs it before.
+  """
+  lines = doc.splitlines(keepends=True)
+  first = next((i for i, line in enumerate(lines) if line.lstrip().startswith('>>> ')), None)
+  if first is None or SHOWN_IMPORT in doc:
+    return doc
+  indent = lines[first][:len(lines[first]) - len(lines[first].lstrip())]
+  return ''.join([*lines[:first], f'{indent}>>> {SHOWN_IMPORT}\n', *lines[first:]])
 
 
 def _bindings() -> list[_Binding]:

@@ -512,10 +512,22 @@ def save_plot(path: str, depths: Sequence[int], memory) -> None:
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   titles = ('compiled temp memory (activations)',
             'argument memory (stored variables + batch)')
+  # Series can coincide (the tie leaves the activations alone, remat the
+  # stored variables): each is drawn thinner than the one before, so that it
+  # shows on top of it, and its legend entry says which it lies on.
+  styles = ({'linewidth': 6, 'markersize': 12, 'marker': 'o', 'alpha': 0.45},
+            {'linewidth': 3, 'markersize': 8, 'marker': 's', 'linestyle': '--'},
+            {'linewidth': 1.5, 'markersize': 4, 'marker': 'D', 'linestyle': ':'})
   for index, (ax, title) in enumerate(zip(axes, titles)):
-    for kind, values in memory.items():
-      ax.plot(depths, [v[index] / 2**20 for v in values], marker='o',
-              label=kind)
+    drawn = {}
+    for (kind, values), style in zip(memory.items(), styles):
+      mib = [v[index] / 2**20 for v in values]
+      same = [k for k, other in drawn.items()
+              if all(abs(a - b) <= 0.01 * max(abs(b), 1e-9)
+                     for a, b in zip(mib, other))]
+      label = f'{kind} (on {same[0]})' if same else kind
+      ax.plot(depths, mib, label=label, **style)
+      drawn[kind] = mib
     ax.set_title(title)
     ax.set_xlabel('encoder blocks')
     ax.set_ylabel('MiB')

@@ -26,6 +26,10 @@
   imported, the page's examples are skipped with that reason.
 
 Other fences (``text``, ``bash``, directives) are not Python.
+
+The docstrings the API page (docs/api.md) shows, which ``help()`` shows too,
+run the same way: each one's examples in order in a fresh interpreter, with
+only the imports they show.
 """
 
 import importlib
@@ -82,6 +86,32 @@ def _examples():
   return params
 
 
+def _shown_docstrings():
+  """pytest params: (name, docstring) of each object docs/api.md documents with examples."""
+  params, seen = [], set()
+  for name in re.findall(r'^\.\. auto\w+:: (\S+)', (ROOT / 'docs' / 'api.md').read_text(), re.M):
+    try:
+      obj = _resolve(name)
+    except Exception as e:  # pylint: disable=broad-except
+      params.append(pytest.param(name, '', id=name, marks=pytest.mark.skip(
+          reason=f'{name} does not import with this Flax: {e!r}')))
+      continue
+    if id(obj) not in seen and '>>> ' in (obj.__doc__ or ''):
+      seen.add(id(obj))
+      params.append(pytest.param(name, obj.__doc__, id=name))
+  assert params, 'docs/api.md documents no docstring with examples'
+  return params
+
+
+def _resolve(name):
+  """The object `name` documents: `flax_tieext.lift.tie` is an attribute path."""
+  module, _, attr = name.rpartition('.')
+  try:
+    return getattr(importlib.import_module(module), attr)
+  except ModuleNotFoundError:
+    return getattr(_resolve(module), attr)
+
+
 def _importable(module):
   try:
     importlib.import_module(module)
@@ -108,3 +138,10 @@ def test_example_runs_pasted_alone(kind, source, request):
     result = _run(['-c', _RUN_DOCTEST, request.node.callspec.id], source)
   assert result.returncode == 0, f'{result.stdout}\n{result.stderr}'
 
+
+
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('name, docstring', _shown_docstrings())
+def test_docstring_examples_run_pasted_alone(name, docstring):
+  result = _run(['-c', _RUN_DOCTEST, name], docstring)
+  assert result.returncode == 0, f'{result.stdout}\n{result.stderr}'

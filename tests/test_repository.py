@@ -16,8 +16,11 @@
 """The repository's entry points do what README.md tells a user."""
 
 import ast
+import configparser
 import pathlib
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -58,9 +61,25 @@ def test_readme_support_matrix_is_the_one_ci_tests():
   rows = {}
   for line in section.splitlines():
     cells = [c.strip().strip('`') for c in line.strip().strip('|').split('|')]
-    if len(cells) >= 3 and re.fullmatch(r'\d+\.\d+\.\d+', cells[0]):
-      rows[cells[0]] = (cells[1], cells[2])
+    if len(cells) >= 4 and re.fullmatch(r'\d+\.\d+\.\d+', cells[0]):
+      rows[cells[0]] = tuple(cells[1:4])
   assert rows == pins
+
+
+def test_readme_opens_with_the_package_description():
+  cfg = configparser.ConfigParser()
+  cfg.read(ROOT / 'setup.cfg')
+  lines = (ROOT / 'README.md').read_text().splitlines()
+  assert lines[0] == '# flax-tieext'
+  assert lines[2].replace('`', '') == cfg['metadata']['description']
+
+
+def test_readme_links_the_guides_right_after_the_commands():
+  text = (ROOT / 'README.md').read_text()
+  after_commands = text[text.index(_readme_test_command()):].split('\n---\n')[0]
+  for page in ('quickstart', 'tie_guide', 'static_arguments'):
+    assert f'](docs/{page}.md)' in after_commands, page
+    assert (ROOT / 'docs' / f'{page}.md').exists(), page
 
 
 def test_every_nox_command_in_the_docs_names_a_session():
@@ -77,3 +96,27 @@ def test_every_nox_command_in_the_docs_names_a_session():
       plain = name.split('(')[0]
       assert name in sessions or plain in {s.split('(')[0] for s in sessions}, (
           f'{page.name}: `nox -s {name}` is not a session: {sorted(sessions)}')
+
+
+def test_a_session_whose_python_is_missing_fails_saying_how_to_get_it(tmp_path):
+  pytest.importorskip('nox', reason='nox is not installed here')
+  # The harness alone, where the newest release's Python cannot be found:
+  # nothing on PATH but this interpreter's directory, and an empty pyenv.
+  for name in ('noxfile.py', 'setup.cfg', '.ci/harness.py'):
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    shutil.copy(ROOT / name, tmp_path / name)
+  newest = max(_noxfile_assignment('PINS').items(),
+               key=lambda item: tuple(int(p) for p in item[0].split('.')))
+  flax, (_, _, python) = newest
+  env = dict(os.environ, PATH=str(pathlib.Path(sys.executable).parent),
+             PYENV_ROOT=str(tmp_path / 'pyenv'))
+  if shutil.which(f'python{python}', path=env['PATH']):
+    pytest.skip(f'this interpreter is Python {python}')
+  result = subprocess.run(
+      [sys.executable, '-m', 'nox', '--no-color', '-s', f'matrix({flax})'],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+  output = result.stdout + result.stderr
+  assert result.returncode != 0, output
+  assert f'Flax {flax} is tested on Python {python}, which is not here' in output, output
+  assert f'pyenv install {python}' in output, output
+  assert f'Session matrix({flax}) aborted' in output, output  # nox's word for failed
