@@ -14,11 +14,10 @@
 
 """Static arguments, resolved through the signature of the wrapped function.
 
-``jax.checkpoint(static_argnums=...)`` counts the positions of each call, so a
-flag passed by keyword or left to its default is traced. The rematerializing
-transforms of every layer (``lift.checkpoint``, ``nn.checkpoint``,
-``nn.partitioning.remat``, ``nnx.remat``) resolve their static arguments with
-:class:`StaticArgs` instead: a static argument is static however it is passed.
+Used by the rematerializing transforms of every layer (``lift.checkpoint``,
+``nn.checkpoint``, ``nn.partitioning.remat``, ``nnx.remat``), so that a static
+argument is static however it is passed: positionally, by keyword, or left to
+its default (``jax.checkpoint(static_argnums=...)`` sees positions only).
 """
 
 # pylint: disable=g-importing-member,unused-import

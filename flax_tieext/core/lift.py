@@ -65,11 +65,9 @@ def checkpoint(
 
   This function is aliased to ``lift.remat`` just like ``jax.remat``.
 
-  An argument that ``fn`` branches on in Python, or uses as a shape, must be
-  static. ``static_argnums`` and ``static_argnames`` are resolved through the
-  signature of ``fn``, so a static argument is static however it is passed:
-  positionally, by keyword, or left to its default. ``fn`` is retraced for
-  each new static value.
+  ``static_argnums`` and ``static_argnames`` are resolved through the
+  signature of ``fn``: a static argument is static however it is passed,
+  positionally, by keyword, or left to its default.
 
   Example::
 

@@ -72,7 +72,7 @@ def remat(
     ...     x = nn.Dense(4)(x)
     ...     return nn.Dropout(0.5, deterministic=deterministic)(x)
     ...
-    >>> RematLayer = nn.partitioning.remat(Layer, static_argnums=(1,))
+    >>> RematLayer = nn.partitioning.remat(Layer, static_argnums=(2,))  # no self
     >>> RematLayer = nn.partitioning.remat(Layer, static_argnames='deterministic')
     >>> variables = RematLayer().init(jax.random.key(0), jnp.ones((2, 3)))
     >>> y = RematLayer().apply(variables, jnp.ones((2, 3)), deterministic=True)
