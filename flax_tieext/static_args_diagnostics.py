@@ -55,6 +55,17 @@ def _is_array(x):
   )
 
 
+def _has_str(value):
+  """Whether ``value`` is a str, or a tuple, list or dict holding one."""
+  if isinstance(value, str):
+    return True
+  if isinstance(value, dict):
+    value = value.values()
+  elif not isinstance(value, (tuple, list)):
+    return False
+  return any(_has_str(v) for v in value)
+
+
 def _describe_array(x):
   return f'an array of shape {tuple(x.shape)} and dtype {x.dtype}'
 
@@ -378,8 +389,8 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
         received = received or self._received(args, kwargs)
         self._check_static(label, value, origin, received)
     strings = [
-        label for label, value, origin in items if origin is None and any(
-            isinstance(x, str) for x in jax.tree_util.tree_leaves(value))
+        label for label, value, origin in items
+        if origin is None and _has_str(value)
     ]
     if strings:
       raise TypeError(
