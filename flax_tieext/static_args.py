@@ -21,7 +21,9 @@ its default (``jax.checkpoint(static_argnums=...)`` sees positions only).
 """
 
 # pylint: disable=g-importing-member,unused-import
+from collections.abc import Callable, Iterable
 import inspect
+from typing import Any
 # pylint: enable=g-importing-member,unused-import
 
 
@@ -63,14 +65,14 @@ class StaticArgs:
 
   def __init__(
       self,
-      fn,
-      static_argnums=(),
-      static_argnames=(),
+      fn: Callable[..., Any],
+      static_argnums: int | Iterable[int] = (),
+      static_argnames: str | Iterable[str] = (),
       *,
-      transform='checkpoint',
-      first_index=0,
-      supplies_first=True,
-      strict=True,
+      transform: str = 'checkpoint',
+      first_index: int = 0,
+      supplies_first: bool = True,
+      strict: bool = True,
   ):
     kind = inspect.Parameter
     try:
@@ -144,8 +146,8 @@ class StaticArgs:
 
   def _call_index_error(self, i, args):
     return (f'{self.transform}: static_argnums index {i} is out of range for'
-            f' this call of {self.display}, which passes {len(args)}'
-            ' positional arguments.')
+            f' this call of {self.display}, with {len(args)} positional'
+            ' argument(s).')
 
   def split(self, args, kwargs):
     """``(static, args, kwargs)``: a call's static and traced arguments."""

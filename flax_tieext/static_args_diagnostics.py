@@ -269,11 +269,13 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
       return {}
 
   def _call_index_error(self, i, args):
-    return super()._call_index_error(i, args).replace(
-        'positional arguments.',
-        f'positional argument{"s" if len(args) != 1 else ""} (numbered'
-        f' from {self.first_index}).',
-    ) + '\n' + self._numbering() + self._name_it_instead()
+    n = len(args)
+    return (
+        f'{self.transform}: static_argnums index {i} is out of range for'
+        f' this call of {self.display}, which passes {n} positional'
+        f' argument{"s" if n != 1 else ""} (numbered from {self.first_index}).\n'
+        + self._numbering() + self._name_it_instead(self._received(args, {}))
+    )
 
   def _probable_flag(self, hit, received):
     """A non-static parameter near ``hit`` that looks like a flag or mode."""

@@ -130,7 +130,9 @@ def test_row_is_what_upstream_flax_does(upstream_flax, call, result):
       assert got == 'works', got
       continue
     name, message = re.match(r'`` (\w+): (.*?) ``', result).groups()
-    assert got != 'works' and got[0] == name, (call, got)
+    # "(`OtherError` on JAX 0.4)": the name an older JAX gives the error.
+    names = {name, *re.findall(r'\(`(\w+)` on JAX', result)}
+    assert got != 'works' and got[0] in names, (call, got)
     assert got[1].startswith(message), (call, got[1])
 
 
