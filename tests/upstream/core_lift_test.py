@@ -62,15 +62,17 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
     np.testing.assert_allclose(grad['params']['w'], expected_grad['params']['w'])
 
   @parameterized.named_parameters(
-      ('positional', ('tanh', random.normal(random.key(0), (4, 3))), {}),
-      ('keyword', (), {'activation': 'tanh',
-                       'x': random.normal(random.key(0), (4, 3))}),
+      ('positional', 0, ('tanh', random.normal(random.key(0), (4, 3))), {}),
+      ('keyword', 0, (), {'activation': 'tanh',
+                          'x': random.normal(random.key(0), (4, 3))}),
+      ('negative_keyword', -2, (), {'activation': 'tanh',
+                                    'x': random.normal(random.key(0), (4, 3))}),
   )
-  def test_static_argnums_covers_keyword_calls(self, args, kwargs):
+  def test_static_argnums_covers_keyword_calls(self, index, args, kwargs):
     def dense(scope, activation, x):
       return self.dense(scope, x, activation)
 
-    rematted = lift.checkpoint(dense, static_argnums=0)
+    rematted = lift.checkpoint(dense, static_argnums=index)
     y, _ = init(rematted)(random.key(1), *args, **kwargs)
     expected, _ = init(dense)(random.key(1), *args, **kwargs)
     np.testing.assert_allclose(y, expected)
@@ -135,9 +137,10 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
     self.assertEqual(
         jaxpr({'static_argnames': 'activation'}, activation='tanh'), by_index)
 
-  def test_out_of_range_index_is_refused(self):
-    with self.assertRaisesRegex(ValueError, 'index 3 is out of range'):
-      lift.checkpoint(self.dense, static_argnums=3)
+  @parameterized.parameters(3, -3)
+  def test_out_of_range_index_is_refused(self, index):
+    with self.assertRaisesRegex(ValueError, f'index {index} is out of range'):
+      lift.checkpoint(self.dense, static_argnums=index)
 
   def test_unknown_name_is_refused(self):
     with self.assertRaisesRegex(
