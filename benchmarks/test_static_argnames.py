@@ -14,7 +14,7 @@
 
 """``static_argnames`` remat vs upstream's positional ``static_argnums``.
 
-The T5-style encoder of the demo, untied, every block rematted:
+Linen: the T5-style encoder of the demo, untied, every block rematted:
 
 * baseline, on upstream Flax (patch uninstalled):
   ``nn.checkpoint(Block, static_argnums=(2,))``, ``deterministic`` passed
@@ -25,7 +25,15 @@ The T5-style encoder of the demo, untied, every block rematted:
 Dropout is on (``deterministic=False``), so the flag really is static. The
 compiled programs must cost the same (FLOPs, temp bytes) and compute the same
 loss; trace + lower + compile time should stay within 1.05x. The optimized
-programs have the same instructions (only source-location metadata differs).
+programs are the same text once source locations are dropped.
+
+NNX: residual MLP blocks with dropout on, ``nnx.remat(block,
+static_argnames='deterministic')`` called by keyword against Flax's own
+``nnx.remat(block, static_argnums=2)`` called positionally (the patch does not
+touch that function object): the same optimized program under ``jax.jit``;
+eagerly, the same number of traces of ``block`` and the per-call time as a
+ratio, measured interleaved (the median round, and the fastest round, which
+load on a shared machine cannot slow down).
 """
 
 import collections
@@ -48,9 +56,15 @@ LAYERS = 4
 ROUNDS = max(conftest.ROUNDS, 9)
 
 
+def _program(text: str) -> str:
+  """An optimized HLO module without its source locations."""
+  text = re.sub(r', metadata=\{.*?\}', '', text)
+  return text.split('\nFileNames\n')[0]
+
+
 def _op_counts(compiled) -> dict[str, int]:
   """How many of each HLO opcode the optimized program has."""
-  text = re.sub(r', metadata=\{.*?\}', '', compiled.as_text())
+  text = _program(compiled.as_text())
   return dict(collections.Counter(re.findall(r'= \S+ ([\w-]+)\(', text)))
 
 
@@ -98,6 +112,8 @@ def test_static_argnames_costs_what_static_argnums_costs(interleaved):
           ratio(timer.median('static_argnames'),
                 timer.median('static_argnums'))],
       'same_instructions': _op_counts(base_fn) == _op_counts(names_fn),
+      'same_program': _program(base_fn.as_text()) == _program(
+          names_fn.as_text()),
       'loss_difference': abs(float(base_loss) - float(names_loss)),
       'grad_difference': max(
           float(jnp.max(jnp.abs(a - b))) for a, b in zip(
@@ -108,5 +124,107 @@ def test_static_argnames_costs_what_static_argnums_costs(interleaved):
 
   assert row['flops'][2] == 1.0
   assert row['temp_bytes'][2] == 1.0
-  assert row['same_instructions']
+  assert row['same_instructions'] and row['same_program']
   assert row['loss_difference'] == 0.0
+
+
+# -- nnx.remat -----------------------------------------------------------------
+
+NNX_BLOCKS = 4
+NNX_CALLS = 20  # eager calls per round
+NNX_ROUNDS = 30  # many short rounds: the fastest is what the code costs
+
+
+def _nnx():
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  class Block(nnx.Module):
+
+    def __init__(self, rngs):
+      self.a = nnx.Linear(128, 512, rngs=rngs)
+      self.b = nnx.Linear(512, 128, rngs=rngs)
+      self.dropout = nnx.Dropout(0.1, rngs=rngs)
+
+  return nnx, Block
+
+
+def test_nnx_remat_static_argnames_costs_what_static_argnums_costs(interleaved):
+  nnx, Block = _nnx()  # pylint: disable=invalid-name
+  from flax_tieext import _compat  # pylint: disable=g-import-not-at-top
+  from flax_tieext.nnx import remat  # pylint: disable=g-import-not-at-top
+
+  traces = []
+
+  def block(model, x, deterministic=False):
+    traces.append(deterministic)
+    y = model.dropout(jax.nn.relu(model.a(x)), deterministic=deterministic)
+    return x + model.b(y)
+
+  def make_calls():
+    return {
+        'static_argnums': (_compat.NNX_REMAT(block, static_argnums=2),
+                           lambda f, m, x, flag=False: f(m, x, flag)),
+        'static_argnames': (
+            remat(block, static_argnames='deterministic'),
+            lambda f, m, x, flag=False: f(m, x, deterministic=flag)),
+    }
+
+  calls = make_calls()
+  x = jnp.linspace(-1.0, 1.0, 8 * 128).reshape(8, 128)
+
+  def program(name):
+    f, call = calls[name]
+    graphdef, state = nnx.split([Block(nnx.Rngs(i)) for i in range(NNX_BLOCKS)])
+
+    def step(state, x):
+      blocks = nnx.merge(graphdef, state)
+
+      def loss(blocks):
+        y = x
+        for b in blocks:
+          y = call(f, b, y)
+        return (y ** 2).sum()
+
+      return nnx.value_and_grad(loss)(blocks), nnx.state(blocks)
+
+    return jax.jit(step).lower(state, x).compile()
+
+  compiled = {name: program(name) for name in calls}
+  models = {name: Block(nnx.Rngs(0)) for name in calls}
+  # Fresh transforms: a static value jax.jit traced above is cached already.
+  eager_traces = {}
+  for name, (f, call) in make_calls().items():
+    del traces[:]
+    for flag in (False, False, False, True, True):
+      call(f, models[name], x, flag)
+    eager_traces[name] = len(traces)
+
+  def eager(name):
+    f, call = calls[name]
+    def run():
+      for _ in range(NNX_CALLS):
+        jax.block_until_ready(call(f, models[name], x))
+    return run
+
+  timer = interleaved({name: eager(name) for name in calls}, rounds=NNX_ROUNDS)
+  per_call = {name: timer.median(name) / NNX_CALLS for name in calls}
+  fastest = {name: min(timer.samples[name]) / NNX_CALLS for name in calls}
+  row = {
+      'blocks': NNX_BLOCKS,
+      'same_program': _program(compiled['static_argnums'].as_text()) == (
+          _program(compiled['static_argnames'].as_text())),
+      'eager_call_seconds': [
+          per_call['static_argnums'], per_call['static_argnames'],
+          ratio(per_call['static_argnames'], per_call['static_argnums'])],
+      'eager_call_fastest_seconds': [
+          fastest['static_argnums'], fastest['static_argnames'],
+          ratio(fastest['static_argnames'], fastest['static_argnums'])],
+      'eager_traces': [eager_traces['static_argnums'],
+                       eager_traces['static_argnames'],
+                       ratio(eager_traces['static_argnames'],
+                             eager_traces['static_argnums'])],
+  }
+  record('static_argnames_nnx', row)
+
+  assert row['same_program']
+  assert row['eager_traces'] == [2, 2, 1.0]  # one per static value

@@ -33,7 +33,7 @@ import warnings
 import flax
 import jax
 
-from flax_tieext.core import lift
+from flax_tieext import static_args
 
 FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.version('flax')
 JAX_VERSION: str = jax.__version__
@@ -130,19 +130,34 @@ def nnx_remat(
 ) -> Any:
   """``nnx.remat`` with ``static_argnames``, for an ``nnx.remat`` without modes.
 
-  Flax 0.8.5 to 0.12.0: the release's own ``nnx.remat``, called as Flax main's
-  calls its ``_remat``, with the static arguments resolved and closed over by
-  the same ``lift._StaticArgs`` and ``lift._with_static_args``. Used as a
-  decorator too, which Flax 0.8's ``nnx.remat`` is not.
+  Flax 0.8.5 to 0.12.0: the release's own ``nnx.remat`` of ``f``, with the
+  static arguments resolved by ``static_args.StaticArgs``, as Flax main's
+  does, and closed over at each call. Used as a decorator too, which Flax
+  0.8's ``nnx.remat`` is not.
   """
   if isinstance(f, Missing):
     return functools.partial(
         nnx_remat, prevent_cse=prevent_cse, static_argnums=static_argnums,
         static_argnames=static_argnames, policy=policy)
-  statics = lift._StaticArgs(  # pylint: disable=protected-access
+  statics = static_args.StaticArgs(
       f, static_argnums, static_argnames, transform='nnx.remat',
       supplies_first=False)
-  return lift._with_static_args(  # pylint: disable=protected-access
-      functools.partial(nnx_facts()['NNX_REMAT'], prevent_cse=prevent_cse,
-                        policy=policy),
-      f, statics)
+  remat = functools.partial(
+      nnx_facts()['NNX_REMAT'], prevent_cse=prevent_cse, policy=policy)
+
+  def merged(static):
+    def call(args, kwargs):  # positional only: older graph modes need that
+      args, kwargs = statics.merge(static, args, kwargs)
+      return f(*args, **kwargs)
+    return remat(call)
+
+  unstatic = merged(((), ()))  # without static arguments: made once
+
+  @functools.wraps(f)
+  def wrapper(*args, **kwargs):
+    return statics.apply(
+        lambda static, args, kwargs: (
+            merged(static) if any(static) else unstatic)(args, kwargs),
+        args, kwargs)
+
+  return wrapper

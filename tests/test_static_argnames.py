@@ -326,6 +326,42 @@ def test_keyword_arguments_reach_the_method(entry, first_index):
   )
 
 
+class Sized(nn.Module):
+  """A static argument whose default, a list, is not hashable."""
+
+  @nn.compact
+  def __call__(self, x, sizes=[4, 2]):  # pylint: disable=dangerous-default-value
+    for size in sizes:
+      x = nn.Dense(size)(x)
+    return x
+
+
+def _jax_checkpoint_static(value):
+  """What ``jax.checkpoint`` does with ``value`` as a static argument."""
+  return jax.checkpoint(lambda x, sizes: x * len(sizes), static_argnums=1)(
+      jnp.ones(()), value)
+
+
+@pytest.mark.parametrize('args', [pytest.param((), id='default'),
+                                  pytest.param(([3, 1],), id='passed')])
+@pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
+def test_unhashable_static_value_follows_jax_checkpoint(entry, first_index, args):
+  # Field failure: static_argnames='sizes' failed with "received a value of
+  # type list" on the default, which works without static_argnames. Now
+  # static values are what jax.checkpoint takes; a default is never passed.
+  remat = entry()(Sized, static_argnames='sizes')
+  variables = Sized().init(jax.random.key(0), X, *args)
+  try:
+    if args:  # a default is not handed to jax.checkpoint
+      _jax_checkpoint_static(*args)
+  except Exception as e:  # pylint: disable=broad-except
+    with pytest.raises(type(e)):
+      remat().apply(variables, X, *args)
+    return
+  np.testing.assert_array_equal(
+      remat().apply(variables, X, *args), Sized().apply(variables, X, *args))
+
+
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_policy_and_prevent_cse_pass_through(entry, first_index):
   policy = jax.checkpoint_policies.everything_saveable

@@ -29,6 +29,7 @@ import pytest
 
 from flax_tieext import lift as ext_lift
 from flax_tieext import linen as ext_nn
+from flax_tieext.static_args_diagnostics import DiagnosedStaticArgs
 
 # The two Linen functions (nn.remat is nn.checkpoint; with the patch installed
 # Flax's names are these objects, see tests/test_patch.py).
@@ -269,17 +270,6 @@ class Configured(nn.Module):
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
-def test_unhashable_static_value_names_argument_and_type(entry):
-  remat = entry()(Configured, static_argnames='layers')
-  with pytest.raises(TypeError) as excinfo:
-    remat().init(jax.random.key(0), X, [4, 2])
-  message = _message(excinfo)
-  assert '`layers`' in message
-  assert 'type list' in message
-  assert 'hashable' in message
-
-
-@pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_str_to_traced_argument_names_it(entry):
   remat = entry()(Configured, static_argnames='layers')
   with pytest.raises(TypeError) as excinfo:
@@ -320,7 +310,7 @@ def test_note_is_appended_to_the_message_without_add_note():
     return x
 
   error = OldStyleError('Attempted boolean conversion of traced array.')
-  ext_lift._StaticArgs(fn).explain_concretization_error(error, (X, True), {})
+  DiagnosedStaticArgs(fn)._explain_concretization_error(error, (X, True), {})
   assert str(error).startswith('Attempted boolean conversion')
   assert "static_argnames='train'" in str(error)
 
@@ -420,14 +410,6 @@ def test_str_in_traced_argument_fix_works_next_to_existing_names(entry, first_in
 
 
 @pytest.mark.parametrize('entry, first_index', ENTRIES)
-def test_unhashable_fix_pass_a_tuple_works(entry, first_index):
-  remat = entry(Configured, static_argnames='layers')
-  with pytest.raises(TypeError, match='a tuple instead of a list'):
-    remat().init(jax.random.key(0), X, [4, 2])
-  _assert_matches_plain(Configured, remat, ((4, 2),), {})
-
-
-@pytest.mark.parametrize('entry, first_index', ENTRIES)
 def test_scalar_array_in_static_slot_fix_pass_python_value_works(entry, first_index):
   remat = entry(MLP, static_argnames='deterministic')
   with pytest.raises(ValueError) as excinfo:
@@ -462,7 +444,11 @@ def test_flag_traced_by_outer_jit_names_the_outer_jit(entry, first_index):
 
 
 @pytest.mark.parametrize('entry, first_index', ENTRIES)
-def test_compact_above_checkpoint_says_to_swap_and_swapped_works(entry, first_index):
+def test_compact_above_checkpoint_fails_as_upstream_and_swapped_works(
+    entry, first_index):
+  # @nn.compact above a lifted transform marks Flax's wrapper, not the method:
+  # Flax's own AssignSubModuleError, for every lifted transform alike (the
+  # static-argument code no longer special-cases checkpoint).
 
   class CompactAbove(nn.Module):
 
@@ -471,16 +457,10 @@ def test_compact_above_checkpoint_says_to_swap_and_swapped_works(entry, first_in
     def __call__(self, x, deterministic=False):
       return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
 
-  with pytest.raises(TypeError) as excinfo:
+  with pytest.raises(flax.errors.AssignSubModuleError):
     CompactAbove().init(jax.random.key(0), X, True)
-  message = _message(excinfo)
-  assert 'CompactAbove.__call__' in message and 'swap the two decorators' in message
-  name = entry.__module__.split('.')[-1]
-  expected = '@nn.checkpoint(...)\n  @nn.compact' if name == 'transforms' else (
-      '@nn.partitioning.remat(...)\n  @nn.compact')
-  assert expected in message
 
-  class Swapped(nn.Module):  # as the message says
+  class Swapped(nn.Module):  # the documented order
 
     @entry(static_argnames='deterministic')
     @nn.compact

@@ -160,9 +160,10 @@ def test_a_name_flax_cannot_bind_stops_the_pr(tmp_path):
 def test_each_pr_reaches_its_helpers_and_nothing_of_a_later_pr():
   static = upstream.reach(upstream.PRS[0], set())
   names = {d.name for d in static}
-  assert {'checkpoint', 'remat', '_StaticArgs'} <= names
-  assert not names & {'tie', '_partial_pack'}
-  assert {d.module for d in static} == {'flax_tieext.core.lift'}
+  assert {'checkpoint', 'remat', '_checkpoint', 'StaticArgs'} <= names
+  assert not names & {'tie', '_partial_pack', 'DiagnosedStaticArgs'}
+  assert {d.module for d in static} == {
+      'flax_tieext.core.lift', 'flax_tieext.static_args'}
 
 
 def test_plugin_code_and_private_parameters_are_reported(tmp_path):

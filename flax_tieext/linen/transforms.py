@@ -38,6 +38,7 @@ from flax.linen.module import TestScope
 from flax.linen.transforms import _is_module_class
 from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
+from flax_tieext import static_args
 from flax_tieext.core import lift
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
@@ -48,113 +49,76 @@ from flax_tieext.core import ties as ties_lib
 # ---------------------------------------------------------------------------
 
 def _checkpoint_lift_transform(
-    transform_id: str,
-    target,
-    *,
-    transform_name: str,
-    counts_self: bool,
-    methods=None,
-    **trafo_kwargs,
+  transform_id: str,
+  target,
+  methods,
+  *,
+  transform_name: str,
+  first_index: int,
+  static_argnums=(),
+  static_argnames=(),
+  **kwargs,
 ):
-  """``lift_transform`` for a checkpoint, with static arguments per method.
+  """``lift_transform`` of ``lift.checkpoint`` for ``nn.checkpoint`` and co.
 
-  The scope function ``lift_transform`` lifts takes ``*args, **kwargs``; the
-  signature that ``static_argnums`` and ``static_argnames`` refer to is the
-  wrapped method's. It is known here, at wrap time, so errors in them are
-  raised here, and the resolved ``lift._StaticArgs`` goes to
-  ``lift._checkpoint``. Shared by ``nn.checkpoint`` (which counts ``self`` as
-  0) and ``nn.partitioning.remat`` (which does not count it).
-  ``transform_id`` is the name ``lift_transform`` gives the transformed
-  Module class (``CheckpointMLP``), and with it auto-named submodules.
+  The lifted scope function takes ``*args, **kwargs``: static arguments are
+  resolved here, against each wrapped method's own signature, and passed to
+  the core transform resolved. ``transform_id`` names the transformed Module
+  class (``CheckpointMLP``), and with it auto-named submodules.
   """
-  first_index = 1 if counts_self else 0
 
-  def transform(fn, *, statics, **kwargs):
+  def transform(fn, statics, **kwargs):
     return lift._checkpoint(fn, statics, **kwargs)  # pylint: disable=protected-access
 
   transform.__name__ = transform_id
 
-  def resolve(fn, kwargs, first_index, transform_name, strict=True):
-    kwargs = dict(kwargs)
-    kwargs['statics'] = lift._StaticArgs(
-        fn,
-        kwargs.pop('static_argnums', ()),
-        kwargs.pop('static_argnames', ()),
-        transform=transform_name,
-        first_index=first_index,
-        strict=strict,
-    )
-    return kwargs
-
-  if _is_module_class(target):
-    module_class = target.func if isinstance(target, functools.partial) else target
-    if methods is None:
-      methods = ['__call__']
-    if isinstance(methods, (list, tuple)):
-      # The same static arguments for every listed method: each one need
-      # only exist in one of them (a flag that only __call__ takes).
-      methods = {
-          name: resolve(
-              getattr(module_class, name), trafo_kwargs, first_index,
-              transform_name, strict=len(methods) == 1,
-          )
-          for name in methods
-      }
-      lift._raise_if_unresolved_everywhere(
-          [kwargs['statics'] for kwargs in methods.values()]
-      )
-    elif isinstance(methods, dict):
-      # As upstream, a per-method dict holds the arguments of the core
-      # transform itself, whose static_argnums does not count self.
-      methods = {
-          name: resolve(
-              getattr(module_class, name), kwargs, 0,
-              f'{transform_name} methods[{name!r}]',
-          )
-          for name, kwargs in methods.items()
-      }
-    return lift_transform(transform, target, methods=methods)
-  if callable(target) and not isinstance(target, Module):
-    lifted = lift_transform(
-        transform,
-        target,
-        **resolve(target, trafo_kwargs, first_index, transform_name),
+  def resolve(fn, nums, names, index=first_index, name=transform_name, **kw):
+    return static_args.StaticArgs(
+      fn, nums, names, transform=name, first_index=index, **kw
     )
 
-    @functools.wraps(lifted)
-    def checked(self, *args, **kwargs):
-      # `@nn.compact` applied on top of us marks this function, not the
-      # method inside: its submodules would be created outside compact.
-      if getattr(checked, 'compact', False) and not getattr(
-          target, 'compact', False
-      ):
-        name = getattr(target, '__qualname__', target.__name__)
-        raise TypeError(
-            f'{transform_name}: {name.split("<locals>.")[-1]} is decorated'
-            f' with @nn.compact above @{transform_name.split()[0]}(...). A'
-            ' lifted transform wraps the compact method, so swap the two'
-            ' decorators:\n\n'
-            f'  @{transform_name.split()[0]}(...)\n'
-            '  @nn.compact\n'
-            f'  def {target.__name__}(self, ...):'
-        )
-      return lifted(self, *args, **kwargs)
-
-    return checked
-  # Not a valid target: let lift_transform raise its usual error.
-  return lift_transform(transform, target, methods=methods, **trafo_kwargs)
+  if not _is_module_class(target):  # a method, decorated
+    statics = resolve(target, static_argnums, static_argnames)
+    return lift_transform(transform, target, statics, **kwargs)
+  module_class = target.func if isinstance(target, functools.partial) else target
+  if isinstance(methods, dict):
+    # As upstream, each method gets its own core-transform arguments, whose
+    # static_argnums does not count `self`.
+    methods = {
+      m: {
+        **{k: v for k, v in kw.items() if not k.startswith('static_arg')},
+        'statics': resolve(
+          getattr(module_class, m), kw.get('static_argnums', ()),
+          kw.get('static_argnames', ()), 0, f'{transform_name} methods[{m!r}]',
+        ),
+      }
+      for m, kw in methods.items()
+    }
+  else:
+    # Each method resolves the same arguments; each need be in one only.
+    names = methods or ['__call__']
+    specs = [
+      resolve(getattr(module_class, m), static_argnums, static_argnames,
+              strict=len(names) == 1)
+      for m in names
+    ]
+    for key in specs[0].unresolved:
+      if all(key in spec.unresolved for spec in specs):
+        raise specs[0]._nowhere(specs, key)  # pylint: disable=protected-access
+    methods = {m: {**kwargs, 'statics': s} for m, s in zip(names, specs)}
+  return lift_transform(transform, target, methods=methods)
 
 
 def checkpoint(
-    target: Target | None = None,
-    variables: CollectionFilter = True,
-    rngs: PRNGSequenceFilter = True,
-    concrete: bool = False,
-    prevent_cse: bool = True,
-    static_argnums: int | tuple[int, ...] = (),
-    policy: Callable[..., bool] | None = None,
-    methods=None,
-    static_argnames: str | Iterable[str] = (),
+  target: Target | None = None,
+  variables: CollectionFilter = True,
+  rngs: PRNGSequenceFilter = True,
+  concrete: bool = False,
+  prevent_cse: bool = True,
+  static_argnums: int | tuple[int, ...] = (),
+  policy: Callable[..., bool] | None = None,
+  methods=None,
+  static_argnames: str | Iterable[str] = (),
 ) -> Target:
   """Lifted version of ``jax.checkpoint``.
 
@@ -163,15 +127,11 @@ def checkpoint(
   helpful to checkpoint parts of the model to trade off memory usage for
   additional computation.
 
-  Arguments of the checkpointed method are traced like arrays unless they are
-  *static*. A flag the method branches on in Python, such as the
-  ``deterministic`` argument handed to ``nn.Dropout``, must be static, or
-  tracing fails with a ``TracerBoolConversionError``. Name it in
-  ``static_argnames``: a named argument is static however it is passed
-  (positionally, by keyword, or left out so that its default applies),
-  keyword-only arguments included. ``static_argnums`` counts positions
-  instead, with ``self`` as 0, and is resolved through the method's signature
-  the same way.
+  A flag the method branches on in Python, such as ``deterministic`` of
+  ``nn.Dropout``, must be static. Name it in ``static_argnames``: it is then
+  static however it is passed, positionally, by keyword, or left to its
+  default. ``static_argnums`` counts ``self`` as 0 and is resolved the same
+  way.
 
   Example::
 
@@ -179,28 +139,18 @@ def checkpoint(
     >>> import jax.numpy as jnp
     >>> import flax.linen as nn
     ...
-    >>> class MLP(nn.Module):
-    ...   @nn.compact
-    ...   def __call__(self, x, deterministic=False):
-    ...     x = nn.Dense(4)(x)
-    ...     return nn.Dropout(0.5, deterministic=deterministic)(x)
-    ...
-    >>> RematMLP = nn.remat(MLP, static_argnames='deterministic')
-    >>> x = jnp.ones((2, 3))
-    >>> variables = RematMLP().init(jax.random.key(0), x, True)
-    >>> y = RematMLP().apply(variables, x, deterministic=True)
-    >>> y = RematMLP().apply(variables, x, rngs={'dropout': jax.random.key(1)})
-
-  The same as a decorator, above ``nn.compact``::
-
     >>> class CheckpointedMLP(nn.Module):
     ...   @nn.checkpoint(static_argnames='deterministic')
     ...   @nn.compact
     ...   def __call__(self, x, deterministic=False):
-    ...     x = nn.Dense(4)(x)
-    ...     return nn.Dropout(0.5, deterministic=deterministic)(x)
+    ...     x = nn.Dense(128)(x)
+    ...     x = nn.Dropout(0.5, deterministic=deterministic)(x)
+    ...     x = nn.Dense(1)(x)
+    ...     return x
     ...
-    >>> variables = CheckpointedMLP().init(jax.random.key(0), x, True)
+    >>> model = CheckpointedMLP()
+    >>> variables = model.init(jax.random.key(0), jnp.ones((1, 16)), True)
+    >>> y = model.apply(variables, jnp.ones((1, 16)), deterministic=True)
 
   This function is aliased to ``remat`` just like ``jax.remat``.
 
@@ -208,13 +158,16 @@ def checkpoint(
     target: a ``Module`` or a function taking a ``Module``
       as its first argument. intermediate computations will be
       re-computed when computing gradients for the target. If ``None``,
-      returns a decorator that takes the target.
+      returns a decorator.
     variables: The variable collections that are lifted. By default all
       collections are lifted.
     rngs: The PRNG sequences that are lifted. By default all PRNG sequences
       are lifted.
-    concrete: Deprecated and unsupported by JAX; ``True`` raises
-      ``NotImplementedError`` when called. Use ``static_argnames``.
+    concrete: Optional, boolean indicating whether ``fun`` may involve
+      value-dependent Python control flow (default ``False``). Support for such
+      control flow is optional, and disabled by default, because in some
+      edge-case compositions with :func:`jax.jit` it can lead to some extra
+      computation.
     prevent_cse: Optional, boolean indicating whether to prevent common
       subexpression elimination (CSE) optimizations in the HLO generated from
       differentiation. This CSE prevention has costs because it can foil other
@@ -223,56 +176,37 @@ def checkpoint(
       ``pmap``, CSE can defeat the purpose of this decorator. But in some
       settings, like when used inside a ``scan``, this CSE prevention mechanism
       is unnecessary, in which case ``prevent_cse`` should be set to False.
-    static_argnums: Optional, int or sequence of ints: positions of static
-      arguments, with ``self`` as 0 (``nn.partitioning.remat`` does not count
-      ``self``). Negative indices count from the last positional parameter.
+    static_argnums: Optional, int or sequence of ints, indicates which argument
+      values on which to specialize for tracing and caching purposes. Specifying
+      arguments as static can avoid ConcretizationTypeErrors when tracing, but
+      at the cost of more retracing overheads.
     policy: Experimental checkpoint policy, see ``jax.checkpoint``.
-    methods: An optional list of method names that will be lifted, if
-      ``methods`` is None (default) only the ``__call__`` method will be
-      lifted. Each method's static arguments are resolved against its own
-      signature. As a dict, it maps each method name to its own
-      ``lift.checkpoint`` arguments (where ``static_argnums`` does not count
-      ``self``). If ``target`` is a function, ``methods`` is ignored.
-    static_argnames: Optional, str or sequence of str: names of static
+    methods: An optional list of method names that will be lifted, if ``methods``
+      is None (default) only the ``__call__`` method will be lifted. If``target``
+      is a function, ``methods`` is ignored.
+    static_argnames: Optional, str or sequence of str, the names of static
       arguments.
 
   Returns:
     A wrapped version of ``target``. When computing gradients intermediate
     computations will be re-computed on the backward pass.
-
-  Raises:
-    ValueError: when a name in ``static_argnames`` is not a parameter of the
-      method (the message lists them and the closest match) or an index in
-      ``static_argnums`` is out of range (the message shows the numbering);
-      for a Module class or a decorated method this happens here, at wrap
-      time. When called, if a static argument receives an array: the message
-      names the argument that was probably meant.
-    TypeError: when called, if a static argument receives an unhashable
-      value.
   """
   if target is None:
-    return functools.partial(
-        checkpoint,
-        variables=variables,
-        rngs=rngs,
-        concrete=concrete,
-        prevent_cse=prevent_cse,
-        static_argnums=static_argnums,
-        policy=policy,
-        methods=methods,
-        static_argnames=static_argnames,
+    return lambda target: checkpoint(
+      target, variables, rngs, concrete, prevent_cse, static_argnums, policy,
+      methods, static_argnames,
     )
   return _checkpoint_lift_transform(
       'checkpoint',
       target,
+      methods,
       transform_name='nn.checkpoint (nn.remat)',
-      counts_self=True,
-      methods=methods,
+      first_index=1,
       variables=variables,
       rngs=rngs,
       concrete=concrete,
-      prevent_cse=prevent_cse,
       static_argnums=static_argnums,
+      prevent_cse=prevent_cse,
       policy=policy,
       static_argnames=static_argnames,
   )

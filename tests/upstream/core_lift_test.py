@@ -25,7 +25,7 @@ from jax import numpy as jnp
 from jax import random
 import numpy as np
 
-from flax.core import apply, init, lift
+from flax.core import apply, init, lift, nn
 import flax_tieext  # noqa: F401  (installs the features into Flax)
 
 
@@ -62,18 +62,100 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
     np.testing.assert_allclose(grad['params']['w'], expected_grad['params']['w'])
 
   @parameterized.named_parameters(
-      ('positional', ('tanh', random.normal(random.key(0), (4, 3))), {}),
-      ('keyword', (), {'activation': 'tanh',
-                       'x': random.normal(random.key(0), (4, 3))}),
+      ('positional', 0, ('tanh', random.normal(random.key(0), (4, 3))), {}),
+      ('keyword', 0, (), {'activation': 'tanh',
+                          'x': random.normal(random.key(0), (4, 3))}),
+      ('negative_keyword', -2, (), {'activation': 'tanh',
+                                    'x': random.normal(random.key(0), (4, 3))}),
   )
-  def test_static_argnums_covers_keyword_calls(self, args, kwargs):
+  def test_static_argnums_covers_keyword_calls(self, index, args, kwargs):
     def dense(scope, activation, x):
       return self.dense(scope, x, activation)
 
-    rematted = lift.checkpoint(dense, static_argnums=0)
+    rematted = lift.checkpoint(dense, static_argnums=index)
     y, _ = init(rematted)(random.key(1), *args, **kwargs)
     expected, _ = init(dense)(random.key(1), *args, **kwargs)
     np.testing.assert_allclose(y, expected)
+
+  @parameterized.named_parameters(
+      ('index', {'static_argnums': 1}, ('tanh',), {}),
+      ('negative_index', {'static_argnums': -1}, ('tanh',), {}),
+      ('keyword', {'static_argnames': 'activation'}, (), {'activation': 'tanh'}),
+  )
+  def test_star_args(self, static, args, kwargs):
+    # Indices count the arguments of each call; names match keywords.
+    def splat(scope, *args, **kwargs):
+      return self.dense(scope, *args, **kwargs)
+
+    x = random.normal(random.key(0), (4, 3))
+    y, _ = init(lift.checkpoint(splat, **static))(random.key(1), x, *args,
+                                                  **kwargs)
+    expected, _ = init(self.dense)(random.key(1), x, *args, **kwargs)
+    np.testing.assert_allclose(y, expected)
+
+  def test_traced_once_per_static_value_under_jit(self):
+    traces = []
+
+    def dense(scope, x, activation):
+      traces.append(activation)
+      return self.dense(scope, x, activation)
+
+    rematted = lift.checkpoint(dense, static_argnames='activation')
+    x = jnp.ones((1, 3))
+    _, variables = init(rematted)(random.key(0), x, 'relu')
+    f = jax.jit(apply(rematted), static_argnames='activation')
+    for activation in ('tanh', 'relu', 'tanh'):
+      np.testing.assert_allclose(
+          f(variables, x, activation=activation),
+          apply(self.dense)(variables, x, activation))
+    self.assertEqual(traces, ['relu', 'tanh', 'relu'])
+
+  @parameterized.named_parameters(('default', ()), ('passed', ([3, 1],)))
+  def test_unhashable_static_value_is_what_jax_checkpoint_takes(self, args):
+    def stack(scope, x, sizes=[2, 2]):  # pylint: disable=dangerous-default-value
+      for i, size in enumerate(sizes):
+        x = scope.child(nn.dense, str(i))(x, size)
+      return x
+
+    x = jnp.ones((1, 3))
+    y, variables = init(lift.checkpoint(stack, static_argnames='sizes'))(
+        random.key(0), x, *args)
+    np.testing.assert_allclose(y, apply(stack)(variables, x, *args))
+
+  def test_name_and_index_give_the_same_program(self):
+    x = jnp.ones((2, 3))
+    _, variables = init(self.dense)(random.key(0), x)
+
+    def jaxpr(static, *args, **kwargs):
+      rematted = lift.checkpoint(self.dense, **static)
+      loss = lambda v: apply(rematted)(v, x, *args, **kwargs).sum()
+      return str(jax.make_jaxpr(jax.grad(loss))(variables))
+
+    by_index = jaxpr({'static_argnums': 1}, 'tanh')
+    self.assertIn('remat', by_index)
+    self.assertEqual(jaxpr({'static_argnames': 'activation'}, 'tanh'), by_index)
+    self.assertEqual(
+        jaxpr({'static_argnames': 'activation'}, activation='tanh'), by_index)
+
+  @parameterized.parameters(3, -3)
+  def test_out_of_range_index_is_refused(self, index):
+    with self.assertRaisesRegex(ValueError, f'index {index} is out of range'):
+      lift.checkpoint(self.dense, static_argnums=index)
+
+  def test_unknown_name_is_refused(self):
+    with self.assertRaisesRegex(
+        ValueError, r"'activaton', which is not a parameter of \S*dense\("
+    ):
+      lift.checkpoint(self.dense, static_argnames='activaton')
+
+
+class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
+
+  @staticmethod
+  def dense(scope, x, activation='relu'):
+    w = scope.param('w', jax.nn.initializers.normal(), (x.shape[-1], 2))
+    y = x @ w
+    return jax.nn.relu(y) if activation == 'relu' else jnp.tanh(y)
 
   def test_unknown_name_suggests_parameter(self):
     with self.assertRaisesRegex(
@@ -81,8 +163,22 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
     ):
       lift.checkpoint(self.dense, static_argnames='activaton')
 
+  def test_out_of_range_index_shows_numbering(self):
+    with self.assertRaisesRegex(
+        ValueError, 'index 2 is out of range(.|\n)*  1 \\| -1  activation'
+    ):
+      lift.checkpoint(self.dense, static_argnums=2)
+
   def test_array_for_static_argument(self):
     rematted = lift.checkpoint(self.dense, static_argnames='activation')
     x = jnp.ones((1, 3))
     with self.assertRaisesRegex(ValueError, '`activation`.* received an array'):
       init(rematted)(random.key(0), x, activation=x)
+
+  def test_traced_python_flag_gets_a_note(self):
+    def dense(scope, x, relu=True):
+      return jax.nn.relu(x) if relu else x
+
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      init(lift.checkpoint(dense))(random.key(0), jnp.ones(2), True)
+    self.assertIn("static_argnames='relu'", '\n'.join(e.exception.__notes__))

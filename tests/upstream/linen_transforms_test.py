@@ -95,10 +95,66 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
         by_name().apply(variables, x, True),
     )
 
+  def test_unknown_name_is_refused(self):
+    with self.assertRaisesRegex(
+        ValueError, r"'determinstic', which is not a parameter of \S*MLP.__call__\("):
+      nn.remat(self.MLP, static_argnames='determinstic')
+
+  @parameterized.named_parameters(
+      ('checkpoint', nn.checkpoint), ('partitioning', partitioning.remat))
+  def test_static_list_of_methods(self, remat):
+    class Model(nn.Module):
+
+      @nn.compact
+      def __call__(self, x, deterministic=False):
+        return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(2)(x))
+
+      def encode(self, x, *, mode='relu'):
+        return jax.nn.relu(x) if mode == 'relu' else jnp.tanh(x)
+
+    rematted = remat(Model, static_argnames=('deterministic', 'mode'),
+                     methods=['__call__', 'encode'])
+    x = jnp.ones((1, 3))
+    variables = rematted().init(random.key(0), x, True)
+    np.testing.assert_allclose(
+        rematted().apply(variables, x, mode='tanh', method='encode'),
+        jnp.tanh(x))
+    with self.assertRaisesRegex(ValueError, "'mdoe'"):
+      remat(Model, static_argnames='mdoe', methods=['__call__', 'encode'])
+
+
+class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
+
+  class MLP(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, deterministic=False):
+      return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
+
   def test_unknown_name_suggests_parameter(self):
     with self.assertRaisesRegex(
         ValueError, "'determinstic'(.|\n)*'deterministic'"):
       nn.remat(self.MLP, static_argnames='determinstic')
+
+  @parameterized.named_parameters(
+      ('checkpoint', nn.checkpoint, 1), ('partitioning', partitioning.remat, 0))
+  def test_off_by_one_index_names_the_flag(self, remat, first_index):
+    rematted = remat(self.MLP, static_argnums=first_index)
+    with self.assertRaisesRegex(
+        ValueError,
+        f'`x` of .* is static(.|\n)*static_argnums={first_index + 1}'
+        "(.|\n)*static_argnames='deterministic'"):
+      rematted().init(random.key(0), jnp.ones((2, 3)), True)
+
+  def test_flag_traced_by_outer_jit(self):
+    rematted = nn.remat(self.MLP, static_argnames='deterministic')
+    x = jnp.ones((2, 3))
+    variables = rematted().init(random.key(0), x, True)
+    step = jax.jit(lambda v, x, deterministic: rematted().apply(
+        v, x, deterministic))
+    with self.assertRaisesRegex(
+        ValueError, "jax.jit\\(train_step, static_argnames='deterministic'\\)"):
+      step(variables, x, True)
 
 
 class TieTest(parameterized.TestCase):

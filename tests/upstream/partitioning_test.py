@@ -63,6 +63,19 @@ class RematStaticArgnamesTest(parameterized.TestCase):
     expected = jax.grad(lambda v: apply(self.Block, v).sum())(variables)
     jax.tree.map(np.testing.assert_allclose, grad, expected)
 
-  def test_unknown_name_suggests_parameter(self):
-    with self.assertRaisesRegex(ValueError, "'determnistic'(.|\n)*'deterministic'"):
+  def test_keyword_arguments_reach_the_method(self):
+    class Scaled(nn.Module):
+
+      @nn.compact
+      def __call__(self, x, *, scale=1.0):
+        return nn.Dense(3)(x) * scale
+
+    x = jnp.ones((1, 3))
+    variables = Scaled().init(random.key(0), x)
+    np.testing.assert_allclose(
+        partitioning.remat(Scaled)().apply(variables, x, scale=2.0),
+        Scaled().apply(variables, x, scale=2.0))
+
+  def test_unknown_name_is_refused(self):
+    with self.assertRaisesRegex(ValueError, "'determnistic', which is not a"):
       partitioning.remat(self.Block, static_argnames='determnistic')

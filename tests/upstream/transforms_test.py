@@ -120,6 +120,24 @@ class RematStaticArgnamesTest(parameterized.TestCase):
     np.testing.assert_allclose(f(x, activation='relu'), jax.nn.relu(x))
     self.assertEqual(traces, ['tanh', 'relu'])
 
+  def test_unknown_name_is_refused(self):
+    with self.assertRaisesRegex(
+      ValueError, r"nnx.remat: static_argnames contains 'determinstic', which"
+    ):
+      nnx.remat(self.MLP.__call__, static_argnames='determinstic')
+
+
+class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
+
+  class MLP(nnx.Module):
+
+    def __init__(self, rngs):
+      self.linear = nnx.Linear(3, 3, rngs=rngs)
+      self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x, deterministic=False):
+      return self.dropout(self.linear(x), deterministic=deterministic)
+
   def test_unknown_name_suggests_parameter(self):
     with self.assertRaisesRegex(
       ValueError, "nnx.remat(.|\n)*'determinstic'(.|\n)*'deterministic'"

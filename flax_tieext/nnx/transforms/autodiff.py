@@ -16,9 +16,10 @@
 
 Written as a part of ``flax/nnx/transforms/autodiff.py`` (graph and tree
 modes, as Flax main has them) and moved into that file verbatim by
-``tools/upstream.py``. Static arguments are resolved by ``lift._StaticArgs``,
-the resolver behind every Linen checkpoint, so ``nnx.remat`` accepts the same
-arguments and explains the same mistakes in the same words. Only the import
+``tools/upstream.py``. Static arguments are resolved by ``flax.static_args``
+(here ``flax_tieext.static_args``), the resolver behind every Linen
+checkpoint, so ``nnx.remat`` accepts the same arguments and explains the same
+mistakes in the same words. Only the import
 block below differs. A Flax whose ``nnx.remat`` has no graph or tree modes
 gets ``flax_tieext._compat.nnx_remat`` instead (see ``flax_tieext.nnx``).
 """
@@ -39,7 +40,7 @@ from flax.nnx.transforms.transforms import _resolve_bound_callable
 from flax.nnx.transforms.transforms import resolve_kwargs
 from flax.typing import MISSING
 from flax.typing import Missing
-from flax_tieext.core import lift
+from flax_tieext import static_args
 # pylint: enable=g-importing-member,unused-import
 
 
@@ -88,14 +89,11 @@ def remat(
     `fundamentals of jax.checkpoint <https://jax.readthedocs.io/en/latest/notebooks/autodiff_remat.html#fundamentals-of-jax-checkpoint>`_
     and `practical notes <https://jax.readthedocs.io/en/latest/notebooks/autodiff_remat.html#practical-notes>`_.
 
-  Arguments of ``f`` are traced like arrays unless they are *static*. An
-  argument ``f`` branches on in Python (``if deterministic:``) or uses as a
-  shape must be static. ``static_argnames`` names such arguments, and a named
-  argument is static however it is passed: positionally, by keyword, or left
-  out so that its default applies. ``static_argnums`` counts positions
-  instead and is resolved through the signature too, so an index also covers
-  keyword and omitted calls. Static values are closed over, not traced:
-  ``f`` is retraced for each new value, and they must be hashable.
+  An argument that ``f`` branches on in Python, such as ``deterministic``,
+  must be static. ``static_argnums`` (``self`` is 0 for a method) and
+  ``static_argnames`` are resolved through the signature of ``f``: a static
+  argument is static however it is passed, positionally, by keyword, or left
+  to its default. ``f`` is traced once per static value.
 
   Example::
 
@@ -112,21 +110,16 @@ def remat(
     ...     return self.dropout(self.linear(x), deterministic=deterministic)
     ...
     >>> model = Block(nnx.Rngs(0))
-    >>> x = jnp.ones((1, 3))
-    >>> y = model(x, deterministic=True)  # or model(x, True)
-    >>> bool((y == model.linear(x)).all())
-    True
+    >>> y = model(jnp.ones((1, 3)), deterministic=True)
 
   Args:
     f: Function to be rematerialized.
     prevent_cse: Optional, bool. If True, prevents common subexpression
       elimination. Default True.
-    static_argnums: Optional, int or tuple of ints: the positions of static
-      arguments, counted from the first parameter of ``f`` (``self`` is 0 for
-      a decorated method, as in ``jax.checkpoint``). Negative indices count
-      from the end of the positional parameters.
-    static_argnames: Optional, str or sequence of str: the names of static
-      arguments, positional or keyword-only.
+    static_argnums: Optional, int or tuple of ints. Specifies which
+      positional arguments to treat as static.
+    static_argnames: Optional, str or sequence of str, the names of static
+      arguments.
     policy: Optional, callable. A policy for which intermediates to save
       during the forward pass.
     graph: If ``True`` (default), uses graph-mode which supports the full
@@ -137,19 +130,6 @@ def remat(
     graph_updates: If ``True``, propagates updates on graph structure
       that happen inside the transform to the input graphs, has no
       effect when ``graph=False``.
-
-  Returns:
-    A wrapped version of ``f``, or a decorator when ``f`` is omitted.
-
-  Raises:
-    ValueError: when ``static_argnames`` names no parameter of ``f`` (the
-      message lists them and the closest match), when an index in
-      ``static_argnums`` is out of range (the message shows the numbering),
-      or, when called, if a static argument receives an array.
-    TypeError: when called, if a static argument receives an unhashable value
-      or a traced one receives a ``str``. A JAX concretization error raised
-      because a Python bool or number was traced gets a note naming those
-      arguments.
   """
   if graph is None:
     graph = graphlib.set_graph_mode.current_value()
@@ -171,41 +151,40 @@ def remat(
   if was_bound:
     _raise_bound_method_error('remat')
 
-  # Static arguments are resolved through the signature of f, as for Linen's
-  # checkpoints, and closed over: this works the same in every mode.
-  statics = lift._StaticArgs(
-    f_unbound,
-    static_argnums,
-    static_argnames,
-    transform='nnx.remat',
+  statics = static_args.StaticArgs(
+    f_unbound, static_argnums, static_argnames, transform='nnx.remat',
     supplies_first=False,
   )
-  return lift._with_static_args(
-    functools.partial(
-      _remat,
-      prevent_cse=prevent_cse,
-      policy=policy,
-      graph=graph,
-      graph_updates=graph_updates,
-    ),
-    f_unbound,
-    statics,
+  rematted = _remat(
+    statics, f_unbound, prevent_cse, policy, graph, graph_updates
   )
+
+  @functools.wraps(f_unbound)
+  def remat_wrapper(*args, **kwargs):
+    return statics.apply(rematted, args, kwargs)
+
+  return remat_wrapper  # type: ignore[return-value]
 
 
 def _remat(
-  f_unbound: tp.Callable[..., tp.Any],
-  *,
+  statics: static_args.StaticArgs,
+  f: tp.Callable[..., tp.Any],
   prevent_cse: bool,
   policy: tp.Callable[..., bool] | None,
   graph: bool,
   graph_updates: bool,
 ) -> tp.Callable[..., tp.Any]:
-  """``remat`` of an unbound function without static arguments."""
+  """``f`` rematerialized, called as ``(static, args, kwargs)`` by ``statics``."""
+
+  def f_unbound(static, args, kwargs):
+    args, kwargs = statics.merge(static, args, kwargs)
+    return f(*args, **kwargs)
+
   if not graph or not graph_updates:
     checkpointed_fn = jax.checkpoint(
       SimpleRematFn(f_unbound, graph=graph),
       prevent_cse=prevent_cse,
+      static_argnums=0,
       policy=policy,
     )
 
@@ -229,6 +208,7 @@ def _remat(
         jax.checkpoint(
           general.merge_inputs(f_unbound, ctxtag='remat'),
           prevent_cse=prevent_cse,
+          static_argnums=0,
           policy=policy,
         ),
         ctxtag='remat',

@@ -1,0 +1,190 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Static arguments, resolved through the signature of the wrapped function.
+
+Used by the rematerializing transforms of every layer (``lift.checkpoint``,
+``nn.checkpoint``, ``nn.partitioning.remat``, ``nnx.remat``), so that a static
+argument is static however it is passed: positionally, by keyword, or left to
+its default (``jax.checkpoint(static_argnums=...)`` sees positions only).
+"""
+
+# pylint: disable=g-importing-member,unused-import
+from collections.abc import Callable, Iterable
+import inspect
+from typing import Any
+# pylint: enable=g-importing-member,unused-import
+
+
+class StaticArgs:
+  """The static arguments of ``fn``, resolved once through its signature.
+
+  Indices in ``static_argnums`` become parameter names where the signature
+  has them. :meth:`apply` splits each call into its static arguments, one
+  tuple for ``jax.checkpoint``'s ``static_argnums``, and the traced ones;
+  :meth:`merge` joins them again. An omitted argument keeps its default.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> def f(x, mode='tanh'):
+    ...   return jnp.tanh(x) if mode == 'tanh' else jax.nn.relu(x)
+    >>> statics = StaticArgs(f, static_argnames='mode', supplies_first=False)
+    >>> def merged(static, args, kwargs):
+    ...   args, kwargs = statics.merge(static, args, kwargs)
+    ...   return f(*args, **kwargs)
+    >>> checkpointed = jax.checkpoint(merged, static_argnums=0)
+    >>> statics.apply(checkpointed, (-jnp.ones(2),), {'mode': 'relu'})
+    Array([0., 0.], dtype=float32)
+
+  Args:
+    fn: the wrapped function.
+    static_argnums: int or ints, positions of static arguments (the first
+      argument the caller passes is ``first_index``). A negative index counts
+      from the last positional parameter, or with ``*args`` from the last
+      argument of each call.
+    static_argnames: str or strs, names of static arguments.
+    transform: the transform's name, for error messages.
+    first_index: the index of the first argument the caller passes.
+    supplies_first: whether the transform passes the first parameter of
+      ``fn`` itself (a scope, ``self`` of a Linen method).
+    strict: whether an argument ``fn`` does not take raises here, else is
+      kept in ``unresolved`` (a transform of several methods needs it in one).
+  """
+
+  def __init__(
+      self,
+      fn: Callable[..., Any],
+      static_argnums: int | Iterable[int] = (),
+      static_argnames: str | Iterable[str] = (),
+      *,
+      transform: str = 'checkpoint',
+      first_index: int = 0,
+      supplies_first: bool = True,
+      strict: bool = True,
+  ):
+    kind = inspect.Parameter
+    try:
+      signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin: any arguments
+      signature = inspect.signature(lambda *args, **kwargs: None)
+    params = list(signature.parameters.values())
+    self.leading = None
+    if supplies_first and params and params[0].kind <= kind.POSITIONAL_OR_KEYWORD:
+      self.leading = params.pop(0).name
+    name = getattr(fn, '__qualname__', None) or type(fn).__name__
+    self.display = f'{name.split("<locals>.")[-1]}{signature}'
+    self.transform, self.first_index = transform, first_index
+    self.signature = signature.replace(parameters=params)
+    self.positional = [
+        p.name for p in params if p.kind <= kind.POSITIONAL_OR_KEYWORD]
+    self.var_positional, self.var_keyword = (
+        next((p.name for p in params if p.kind is k), None)
+        for k in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD))
+    # name -> how it was made static; with *args, positions in each call
+    # (negative: from its end) -> the index given.
+    self.names, self.positions, self.unresolved = {}, {}, {}
+    for what, add, items in (
+        ('static_argnums', self._add_index, _tuple(static_argnums, int)),
+        ('static_argnames', self._add_name, _tuple(static_argnames, str)),
+    ):
+      for item in items:
+        try:
+          add(item)
+        except ValueError as e:
+          self.unresolved[what, item] = e
+    if strict and self.unresolved:
+      raise next(iter(self.unresolved.values()))
+
+  @staticmethod
+  def _nowhere(specs, key):
+    """The error for ``key``, which none of ``specs`` could resolve."""
+    return specs[0].unresolved[key]
+
+  def _add_index(self, i):
+    if i < 0 and self.var_positional:
+      self.positions[i] = i
+      return
+    n = len(self.positional)
+    j = n + i if i < 0 else i - self.first_index
+    if 0 <= j < n:
+      self.names.setdefault(self.positional[j], f'static_argnums index {i}')
+    elif j >= n and self.var_positional:
+      self.positions[j] = i
+    else:
+      raise ValueError(self._index_error(i))
+
+  def _add_name(self, name):
+    param = self.signature.parameters.get(name)
+    if param is None and self.var_keyword and name != self.leading and (
+        name.isidentifier()):
+      self.names[name] = 'static_argnames'  # for **kwargs
+    elif param is None or param.kind in (
+        param.VAR_POSITIONAL, param.VAR_KEYWORD):
+      raise ValueError(self._name_error(name))
+    else:
+      self.names[name] = 'static_argnames'
+
+  def _index_error(self, i):
+    return (f'{self.transform}: static_argnums index {i} is out of range for'
+            f' {self.display}.')
+
+  def _name_error(self, name):
+    return (f'{self.transform}: static_argnames contains {name!r}, which is'
+            f' not a parameter of {self.display} that can be static.')
+
+  def _call_index_error(self, i, args):
+    return (f'{self.transform}: static_argnums index {i} is out of range for'
+            f' this call of {self.display}, with {len(args)} positional'
+            ' argument(s).')
+
+  def split(self, args, kwargs):
+    """``(static, args, kwargs)``: a call's static and traced arguments."""
+    at = {i for i, name in enumerate(self.positional[:len(args)])
+          if name in self.names}
+    for j, i in self.positions.items():
+      p = j if j >= 0 else len(args) + j
+      if not 0 <= p < len(args):
+        raise ValueError(self._call_index_error(i, args))
+      at.add(p)
+    static = (
+        tuple((i, args[i]) for i in sorted(at)),
+        tuple((k, v) for k, v in kwargs.items() if k in self.names),
+    )
+    args = tuple(a for i, a in enumerate(args) if i not in at)
+    kwargs = {k: v for k, v in kwargs.items() if k not in self.names}
+    return static, args, kwargs
+
+  def apply(self, f, args, kwargs):
+    """``f(static, args, kwargs)`` for the call ``fn(*args, **kwargs)``."""
+    return f(*self.split(args, kwargs))
+
+  def merge(self, static, args, kwargs):
+    """The inverse of :meth:`split`: the ``(args, kwargs)`` of the call."""
+    positional, keyword = static
+    args = list(args)
+    for i, value in positional:
+      args.insert(i, value)
+    return tuple(args), {**kwargs, **dict(keyword)}
+
+
+def _tuple(x, one):
+  return (x,) if isinstance(x, one) else tuple(x)
+
+
+# The plugin explains static-argument mistakes everywhere: its transforms
+# build the resolver above, under this name, with the diagnostics layer on
+# top. Upstream that layer is a PR of its own (patches/series.toml), which
+# Flax can take or leave; being an import, this line stays in the plugin.
+from flax_tieext.static_args_diagnostics import DiagnosedStaticArgs as StaticArgs  # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
