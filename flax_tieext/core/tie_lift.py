@@ -25,6 +25,7 @@ declared and records on each inner root what it stands for, which
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +36,6 @@ from flax_tieext.core.tie_spec import is_within, named_collections, tie_error, w
 from flax_tieext.core.ties import (
     LIFT_FLAG,
     TIES_FLAG,
-    _hook,
     _lift,
     _tie_for,
     reach,
@@ -220,7 +220,7 @@ def tie_aware_partial_pack(original):
   ``repack_fn`` takes, the scope tree it was given. Without ties in force this
   is Flax's own ``_partial_pack``.
   """
-  @_hook(original)
+  @functools.wraps(original)
   def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
                     rng_filters, name=None):
     scopes, treedef = jax.tree_util.tree_flatten(scope_tree)

@@ -36,11 +36,11 @@ from flax_tieext.core.tie_spec import (
 )
 from flax_tieext.core.ties import (
     TIES_FLAG,
-    _cannot_land,
-    _held_elsewhere,
     _maps,
-    _read_only,
+    cannot_land,
+    held_elsewhere,
     reach,
+    read_only,
     refuse_stale,
     ties_in_force,
 )
@@ -93,12 +93,11 @@ class _TiedCollection(MutableMapping):
     if crossed:
       refuse_stale(scope, tie, col, crossed)
       if write or found is None:
-        raise _cannot_land(scope, tie, col, crossed,
-                           'A write to' if write else 'Initializing')
+        raise cannot_land(scope, tie, col, crossed, write)
     elif found is None and not scope.is_mutable_collection(col):
       raise _missing_variable(scope, tie, col, node)
     if write and tie.view is not None:
-      raise _read_only(tie, col, scope)
+      raise read_only(tie, col, scope)
     tie.used.add(col)
     if write:
       node = parent._mutable_collection(col)  # pylint: disable=protected-access
@@ -145,7 +144,7 @@ def _missing_variable(scope, tie: Tie, col: str, node):
   return tie_error(
       f'The source {text(tie.source)} of the {tie.describe(col)} is not'
       f' stored (looked up from {scope.path_text}).'
-      + (_held_elsewhere(scope, tie.source, col) or nearest(
+      + (held_elsewhere(scope, tie.source, col) or nearest(
           node if isinstance(node, Mapping) else {}, tie.source[-1:],
           tie.source[:-1])),
       'Fix the source path (paths are relative to the module that declares'
