@@ -39,6 +39,37 @@ FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.ver
 JAX_VERSION: str = jax.__version__
 
 
+# -- Ties through lifted transforms --------------------------------------------
+# What each lifted transform does with a tie source outside it is its own
+# declaration: upstream, the ``tie_sources`` argument it passes to ``pack``.
+# Released Flax passes none, so the plugin declares it here for the
+# transforms of the supported releases, by the name they give ``pack``; one
+# not listed (a transform added later) declares nothing, which refuses a tie
+# source outside it with a TieError.
+
+
+def tie_sources_by_pack_name(partial_pack):
+  """``partial_pack`` (tie-aware) called with each released transform's declaration."""
+  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
+
+  declared = {
+      'remat': tie_lift.LIFT, 'cond': tie_lift.LIFT, 'switch': tie_lift.LIFT,
+      'while_loop': tie_lift.LIFT, 'map_variables': tie_lift.LIFT,
+      'fold_rngs': tie_lift.LIFT, 'jit': tie_lift.LIFT_CACHED,
+      'vmap': tie_lift.BROADCAST, 'scan': tie_lift.BROADCAST,
+      'vjp': tie_lift.CLOSE_OVER, 'jvp': tie_lift.CLOSE_OVER,
+      'value_and_grad': tie_lift.CLOSE_OVER, 'custom_vjp': tie_lift.CLOSE_OVER,
+  }
+
+  @functools.wraps(partial_pack)
+  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
+                    rng_filters, name=None):
+    return partial_pack(scope_tree, in_variable_filters, out_variable_filters,
+                        rng_filters, name, declared.get(name))
+
+  return _partial_pack
+
+
 # -- NNX ---------------------------------------------------------------------
 # nnx.remat is patched where the installed Flax has it; a Flax without NNX
 # lacks nothing the rest of the patch needs.

@@ -134,6 +134,8 @@ def _bindings() -> list[_Binding]:
       _Binding(flax_core, 'untie_variables', use(tie_convert.untie_variables)),
       # ... and the shared scope machinery they take part in.
       _Binding(_core_lift, '_partial_pack', tie_lift.tie_aware_partial_pack),
+      # ... told what each released transform declares (upstream: its pack).
+      _Binding(_core_lift, '_partial_pack', _compat.tie_sources_by_pack_name),
       _Binding(Scope, 'push', ties.tie_aware_push),
       _Binding(Scope, 'param', ties.tie_aware_param),
       _Binding(Scope, '_collection', ties.tie_aware_collection),

@@ -16,10 +16,12 @@
 
 Lifted transforms build their inner scopes with ``parent=None``, so a target
 inside one cannot reach a source outside it by walking up. Each transform
-declares what a tie source outside it is (:data:`CROSSINGS`); the hook on
-``lift._partial_pack`` (:func:`tie_aware_partial_pack`) lifts the sources as
-declared and records on each inner root what it stands for, which
-``ties.reach`` walks.
+declares what a tie source outside it is: ``pack(..., tie_sources=...)``, one
+of :data:`LIFT`, :data:`LIFT_CACHED`, :data:`BROADCAST` or :data:`CLOSE_OVER`.
+The hook on ``lift._partial_pack`` (:func:`tie_aware_partial_pack`) lifts the
+sources as declared and records on each inner root what it stands for, which
+``ties.reach`` walks. A transform that declares nothing gets a ``TieError``
+when a tie source lies outside it, never a guess.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from flax_tieext.core.ties import (
 
 
 @dataclasses.dataclass(frozen=True)
-class Crossing:
+class TieSources:
   """What a lifted transform does with a tie source that lies outside it.
 
   Attributes:
@@ -63,21 +65,11 @@ class Crossing:
   caches_trace: bool = False
 
 
-LIFT = Crossing(lifts=True)
-
-
-# What each of Flax's lifted transforms does with a tie source outside it, by
-# the name it gives pack. Upstream this is pack's ``tie_sources`` argument,
-# passed by each transform; a transform that declares nothing gets a TieError
-# when a tie source lies outside it, never a guess.
-CROSSINGS = {
-    'remat': LIFT, 'cond': LIFT, 'switch': LIFT, 'while_loop': LIFT,
-    'map_variables': LIFT, 'fold_rngs': LIFT,
-    'jit': Crossing(lifts=True, caches_trace=True),
-    'vmap': Crossing(maps=True), 'scan': Crossing(maps=True),
-    'vjp': Crossing(), 'jvp': Crossing(), 'value_and_grad': Crossing(),
-    'custom_vjp': Crossing(),
-}
+# remat, cond, switch, while_loop, map_variables, fold_rngs
+LIFT = TieSources(lifts=True)
+LIFT_CACHED = TieSources(lifts=True, caches_trace=True)  # jit
+BROADCAST = TieSources(maps=True)  # vmap, scan
+CLOSE_OVER = TieSources()  # vjp, jvp, value_and_grad, custom_vjp
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -91,23 +83,23 @@ class _Lift:
   outer: Any  # the outer scope
   siblings: tuple  # the inner roots of the same pack (tie sources included)
   name: str  # the pack's name
-  maps: bool  # the transform maps over an axis (see Crossing)
-  caches_trace: bool  # the transform reuses its trace (see Crossing)
+  maps: bool  # the transform maps over an axis (see TieSources)
+  caches_trace: bool  # the transform reuses its trace (see TieSources)
   rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
   closure: Any  # the _Lift of the transform whose closed-over values it holds
 
 
-def lifted_sources(scopes, name: str):
+def lifted_sources(scopes, name: str, tie_sources: TieSources | None):
   """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
 
   For a target inside ``scopes`` whose source lies outside all of them, as
-  the transform declares (:data:`CROSSINGS`): the source's scope (a
+  the transform declares (``tie_sources``): the source's scope (a
   variable's module) with its variables, or with its rngs only, or nothing.
   A source seen here only as a closed-over value is lifted as one, read-only.
   A source not stored yet is not lifted: the target initializes its own copy,
   and the transform sees exactly what it sees without the tie.
   """
-  crossing = CROSSINGS.get(name)
+  crossing = tie_sources
   extra, paths = [], set()
   for scope in scopes:
     for tie in ties_in_force(scope):
@@ -194,10 +186,10 @@ def _borrowed(scope) -> set[str]:
   return found
 
 
-def _link(outer_scopes, inner_scopes, name, kinds):
+def _link(outer_scopes, inner_scopes, name, tie_sources, kinds):
   """Records on each inner root what it stands for (``ties.LIFT_FLAG``)."""
   siblings = tuple(inner_scopes)
-  crossing = CROSSINGS.get(name, Crossing())
+  crossing = tie_sources or TieSources()
   for outer, inner, (rngs_only, closure) in zip(outer_scopes, inner_scopes,
                                                 kinds):
     lift = _lift(outer)
@@ -214,15 +206,15 @@ def tie_aware_partial_pack(original):
 
   When a lifted scope contains a tied target whose source lies outside every
   lifted scope, the source's scope is packed as well, as the transform
-  declares (:func:`lifted_sources`); inside, the target resolves to the inner
-  source, so reads, writes and gradients reach the one stored variable. The
-  extra scopes are not visible to the transform: ``scope_fn`` returns, and
-  ``repack_fn`` takes, the scope tree it was given. Without ties in force this
-  is Flax's own ``_partial_pack``.
+  declares in ``tie_sources`` (:func:`lifted_sources`); inside, the target
+  resolves to the inner source, so reads, writes and gradients reach the one
+  stored variable. The extra scopes are not visible to the transform:
+  ``scope_fn`` returns, and ``repack_fn`` takes, the scope tree it was given.
+  Without ties in force this is Flax's own ``_partial_pack``.
   """
   @functools.wraps(original)
   def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
-                    rng_filters, name=None):
+                    rng_filters, name=None, tie_sources=None):
     scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
     if not any(TIES_FLAG in s.flags for s in scopes):
       # Flax's own packing; its inner roots only learn where they stand, for
@@ -232,7 +224,7 @@ def tie_aware_partial_pack(original):
 
       def linked_scope_fn(*args, **kwargs):
         inner = scope_fn(*args, **kwargs)
-        _link(scopes, treedef.flatten_up_to(inner), name,
+        _link(scopes, treedef.flatten_up_to(inner), name, tie_sources,
               [(False, None)] * len(scopes))
         return inner
 
@@ -240,7 +232,7 @@ def tie_aware_partial_pack(original):
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
         scope._collection(col)  # pylint: disable=protected-access
-    extra = lifted_sources(scopes, name)
+    extra = lifted_sources(scopes, name, tie_sources)
     lifted = scopes + [real for _, real, only, _ in extra if not only]
     packed = [without_borrowed(s, lifted) for s in scopes]
     reals = scopes + [real for _, real, _, _ in extra]
@@ -251,7 +243,7 @@ def tie_aware_partial_pack(original):
 
     def tied_scope_fn(*args, **kwargs):
       inner = scope_fn(*args, **kwargs)
-      _link(reals, inner, name, kinds)
+      _link(reals, inner, name, tie_sources, kinds)
       for (_, excluded), inner_scope in zip(packed, inner):
         for col in excluded:  # reach the inner source now, as pack would
           inner_scope._collection(col)  # pylint: disable=protected-access
