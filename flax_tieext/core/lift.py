@@ -16,7 +16,7 @@
 
 This module is written as a part of ``flax/core/lift.py``: every public
 function here is transplanted verbatim into that file by
-``tools/make_patches.py`` (the upstream-ready diffs in ``patches/``), so
+``tools/upstream.py`` (the upstream-ready diffs in ``patches/``), so
 function bodies use only names that ``flax/core/lift.py`` itself defines or
 imports. The import block below is the only part that differs.
 """
@@ -191,12 +191,9 @@ def tie(
   the two paths behave exactly as one module instance called at two places.
 
   The tie is state of the scope ``fn`` receives, so it is in force in every
-  scope derived from it, the inner scopes of lifted transforms included: when
-  ``checkpoint``/``remat``, ``jit``, ``map_variables``, ``cond``, ``switch`` or
-  ``while_loop`` lift a scope that contains a tied target, the source's scope
-  is lifted with it. Inside ``vmap`` and ``scan`` (and ``vjp``/``jvp``/
-  ``custom_vjp``), a source outside the transform is a broadcast, read-only
-  value. Each call site is traced once.
+  scope derived from it, the inner scopes of lifted transforms included (each
+  transform declares what a tie source outside it is: ``pack``'s
+  ``tie_sources``). Each call site is traced once.
 
   Example::
 

@@ -15,7 +15,7 @@
 """``nn.partitioning.remat`` with ``static_argnames``.
 
 Written as a part of ``flax/linen/partitioning.py`` (see
-``tools/make_patches.py``). Upstream counts ``static_argnums`` here
+``tools/upstream.py``). Upstream counts ``static_argnums`` here
 *without* ``self`` (HF transformers relies on that); that numbering is kept.
 
 Upstream's ``core_remat_static`` (static arguments by closure, keyword

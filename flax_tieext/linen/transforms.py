@@ -15,7 +15,7 @@
 """Module-level lifted transforms added or extended by flax_tieext.
 
 Written as a part of ``flax/linen/transforms.py``: each public function is
-transplanted verbatim into that file by ``tools/make_patches.py``. Like
+transplanted verbatim into that file by ``tools/upstream.py``. Like
 upstream's transforms these are thin: they map Module methods to the
 functional-core transforms in ``flax_tieext.core.lift`` via
 ``lift_transform``.
