@@ -228,6 +228,15 @@ def site_paths(layout, levels):
   return paths
 
 
+def source_sites(layout):
+  """(site wrap, instance) of the first site of each instance."""
+  first = {}
+  for _, sites in layout:
+    for wrap, inst in sites:
+      first.setdefault(inst, (wrap, inst))
+  return first.values()
+
+
 KERNEL = 'dense/kernel'
 
 
@@ -342,10 +351,14 @@ def test_tied_model_equals_hand_shared_reference(layout, levels, call, group):
 
   # init_with_output returns what apply of its variables returns. In reverse
   # order a target runs first and initializes a copy from its source's rng
-  # streams: a single variable has no counterpart draw, and nn.jit /
-  # nn.fold_rngs restart the streams of a source inside them.
+  # streams: a single variable has no counterpart draw, nn.jit /
+  # nn.fold_rngs restart the streams of a source inside them, and a source in
+  # a branch stores the draws of the selected branch, after the others
+  # advanced its counter (docs/design.md, "Init").
   restarts = {'jit', 'fold_rngs'} & {w for w, sites in layout for w in
                                      (w, *(s for s, _ in sites))}
+  restarts |= set(BRANCHES) & {
+      s for s, inst in source_sites(layout) if levels[inst] == 'module'}
   for order in [False] if 'kernel' in levels or restarts else [False, True]:
     pure = build(layout, levels, False, reverse=order, pure=True)()
     y, pure_variables = pure.init_with_output(jax.random.key(0), x)

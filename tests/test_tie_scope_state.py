@@ -243,6 +243,38 @@ def test_branch_body_using_a_target_twice_is_the_shared_module(kind):
   assert_trees(close, updates, ref_updates)
 
 
+class Masked(nn.Module):
+  """A Dense behind a mask of another collection, drawn from 'params'."""
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask', lambda: jax.random.uniform(
+        self.make_rng('params'), (D,)))
+    return nn.Dense(D, name='dense')(x * mask.value)
+
+
+class BranchFirst(nn.Module):
+  kind: str
+
+  @nn.compact
+  def __call__(self, x):
+    a, b = Masked(name='a'), Masked(name='b')
+    body = lambda m, h: m(jnp.tanh(m(h)))
+    if self.kind == 'cond':
+      x = nn.cond(False, body, body, b, x)
+    else:
+      x = nn.switch(2, [body, body, body], b, x)
+    return a(x)
+
+
+@pytest.mark.parametrize('kind', ['cond', 'switch'])
+def test_target_in_a_branch_before_its_source_draws_the_source_values(kind):
+  """Every branch but the first drew its copy from an advanced counter."""
+  tied = nn.tie(BranchFirst, {'b': 'a'}, collections=['params', 'graph'])(kind)
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  close(y, tied.apply(variables, X))
+
+
 class SometimesCached(nn.Module):
   @nn.compact
   def __call__(self, x, decode=False):

@@ -201,6 +201,12 @@ def _link(outer_scopes, inner_scopes, name, tie_sources, kinds):
       inner.mutable = False
 
 
+def _draws_copy(scope) -> bool:
+  """Whether ``scope`` is a target initializing a copy from its source's rngs."""
+  return (scope.get_flag('initializing', False)
+          and _tie_for(scope, scope.path, 'params') is not None)
+
+
 def tie_aware_partial_pack(original):
   """``lift._partial_pack`` in which tie sources take part in the packing.
 
@@ -241,9 +247,20 @@ def tie_aware_partial_pack(original):
         [s for s, _ in packed] + [s for s, _, _, _ in extra],
         in_variable_filters, out_variable_filters, rng_filters, name)
 
+    # A target initializing its copy draws from fresh counters of its
+    # source's streams (ties._share_rngs); each branch of cond/switch builds
+    # its inner scopes anew and must draw what the first one draws.
+    counters = [dict(s.rng_counters) if _draws_copy(s) else None
+                for s in reals]
+    calls = []
+
     def tied_scope_fn(*args, **kwargs):
       inner = scope_fn(*args, **kwargs)
       _link(reals, inner, name, tie_sources, kinds)
+      for start, inner_scope in zip(counters, inner):
+        if calls and start is not None:
+          inner_scope.rng_counters = dict(start)
+      calls.append(None)
       for (_, excluded), inner_scope in zip(packed, inner):
         for col in excluded:  # reach the inner source now, as pack would
           inner_scope._collection(col)  # pylint: disable=protected-access
