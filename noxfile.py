@@ -80,11 +80,20 @@ CLIENT_REQUIREMENTS = ('transformers==4.57.6', 'einops', 'jaxtyping', 'typeguard
                        'sentencepiece')
 CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 
+# Tests of the docs and the demo, not of the library: they run pasted examples
+# and the demo's training loop in fresh interpreters, and the docs describe
+# the newest Flax. They take a third of our suite's time, so the matrix runs
+# them on the newest release only (the README run has them on its own).
+NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
+
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
 CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'tie-properties',
                'upstream', 'docs', 'screenshots']
 
 nox.options.sessions = ['tests']
+# uv makes each session's environment in seconds (pip takes about a minute for
+# the jax stack); nox falls back to virtualenv where uv is not installed.
+nox.options.default_venv_backend = 'uv|virtualenv'
 
 
 def _extra(name):
@@ -161,8 +170,9 @@ def matrix(session, flax):
   _install(session, flax, *_extra('test'), 'absl-py')
   # Every test patched, and each one not marked needs_patch again opted out.
   # tests/distributed runs once, on the newest Flax (nox -s distributed).
-  _pytest(session, 'ours', '--opted-out-too', '--ignore=tests/distributed', '--tb=short',
-          *session.posargs)
+  ignored = ['tests/distributed', *(NEWEST_ONLY if flax != NEWEST else ())]
+  _pytest(session, 'ours', '--opted-out-too', *(f'--ignore={p}' for p in ignored),
+          '--tb=short', *session.posargs)
   # Flax's own tests: pyproject.toml and tests/ of the sdist, so that they
   # import the installed Flax.
   checkout = harness.SDISTS / f'flax-{flax}'

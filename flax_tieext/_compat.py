@@ -48,18 +48,23 @@ JAX_VERSION: str = jax.__version__
 # source outside it with a TieError.
 
 
+# Pack name -> the tie_lift declaration; patches/series.toml passes the same
+# ones to pack upstream (tests/test_upstream.py checks that they agree).
+TIE_SOURCES_BY_PACK_NAME = {
+    'remat': 'LIFT', 'cond': 'LIFT', 'switch': 'LIFT', 'while_loop': 'LIFT',
+    'map_variables': 'LIFT', 'fold_rngs': 'LIFT', 'jit': 'LIFT_CACHED',
+    'vmap': 'BROADCAST', 'scan': 'BROADCAST', 'vjp': 'CLOSE_OVER',
+    'jvp': 'CLOSE_OVER', 'value_and_grad': 'CLOSE_OVER',
+    'custom_vjp': 'CLOSE_OVER',
+}
+
+
 def tie_sources_by_pack_name(partial_pack):
   """``partial_pack`` (tie-aware) called with each released transform's declaration."""
   from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
 
-  declared = {
-      'remat': tie_lift.LIFT, 'cond': tie_lift.LIFT, 'switch': tie_lift.LIFT,
-      'while_loop': tie_lift.LIFT, 'map_variables': tie_lift.LIFT,
-      'fold_rngs': tie_lift.LIFT, 'jit': tie_lift.LIFT_CACHED,
-      'vmap': tie_lift.BROADCAST, 'scan': tie_lift.BROADCAST,
-      'vjp': tie_lift.CLOSE_OVER, 'jvp': tie_lift.CLOSE_OVER,
-      'value_and_grad': tie_lift.CLOSE_OVER, 'custom_vjp': tie_lift.CLOSE_OVER,
-  }
+  declared = {name: getattr(tie_lift, kind)
+              for name, kind in TIE_SOURCES_BY_PACK_NAME.items()}
 
   @functools.wraps(partial_pack)
   def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,

@@ -21,6 +21,7 @@ sdist and no network.
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -157,8 +158,12 @@ def test_a_name_flax_cannot_bind_stops_the_pr(tmp_path):
     upstream.add_imports(FLAX, [d], 'flax/core/lift.py', tmp_path)
 
 
+def _pr(slug):
+  return next(pr for pr in upstream.PRS if pr.slug == slug)
+
+
 def test_each_pr_reaches_its_helpers_and_nothing_of_a_later_pr():
-  static = upstream.reach(upstream.PRS[0], set())
+  static = upstream.reach(_pr('02-lift-checkpoint-static-argnames'), set())
   names = {d.name for d in static}
   assert {'checkpoint', 'remat', '_checkpoint', 'StaticArgs'} <= names
   assert not names & {'tie', '_partial_pack', 'DiagnosedStaticArgs'}
@@ -217,3 +222,16 @@ def test_overloads_move_and_are_replaced_as_one_definition(tmp_path, monkeypatch
   out = upstream.place(flax, defs)
   assert out.count('def remat') == 3 and '"""Ours."""' in out
   assert "Upstream's remat" not in out and 'prevent_cse' not in out
+
+
+def test_each_transform_declares_upstream_what_the_plugin_declares_for_it():
+  """The series' pack(..., tie_sources=...) edits and the plugin's table agree."""
+  from flax_tieext import _compat  # pylint: disable=g-import-not-at-top
+  declared = {}
+  for file, _, new in _pr('08-tie-lifted-transforms').edits:
+    found = re.search(r"name='(\w+)',\s+(?:enable_kwargs=True,\s+)?"
+                      r'tie_sources=tie_lift\.(\w+)', new)
+    if found:
+      assert file == 'flax/core/lift.py'
+      declared[found[1]] = found[2]
+  assert declared == _compat.TIE_SOURCES_BY_PACK_NAME

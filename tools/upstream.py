@@ -34,7 +34,6 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
-import hashlib
 import os
 import pathlib
 import shutil
@@ -46,10 +45,12 @@ import tempfile
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / '.ci'))
+import harness  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 SERIES = ROOT / 'patches' / 'main'
 SPEC = tomllib.loads((ROOT / 'patches' / 'series.toml').read_text())
 BASE, BUILD_ON, RELEASES = SPEC['base'], SPEC['build_on'], SPEC['releases']
-SDISTS = ROOT / '.nox' / '_sdists'
 AUTHOR = ('flax-tieext', 'flax-tieext@users.noreply.github.com')
 DATE = '2026-12-01T00:00:00+00:00'
 # Text that marks plugin code; none of it may reach Flax.
@@ -111,7 +112,7 @@ def _globals(node: ast.stmt, table: symtable.SymbolTable | None) -> set[str]:
   for n in outer:
     found |= {s.id for s in ast.walk(n) if isinstance(s, ast.Name)
               and isinstance(s.ctx, ast.Load)}
-  return found - set(dir(builtins))
+  return found - set(dir(builtins)) - {'__class__'}  # zero-argument super()
 
 
 _MODULES: dict[str, tuple[list[Def], dict[str, str], str]] = {}
@@ -173,11 +174,11 @@ def _find(module: str, name: str) -> list[Def]:
 class PR:
   """One PR of patches/series.toml."""
   slug: str
-  roots: list  # [our module or package, name]
-  tests: list  # [Flax test file stem, class name in tests/upstream/<stem>.py]
-  changelog: str
+  roots: list = dataclasses.field(default_factory=list)  # [our module or package, name]
+  tests: list = dataclasses.field(default_factory=list)  # [Flax test file stem, class]
+  changelog: str = ''  # its line of Flax's CHANGELOG, if any
   edits: list = dataclasses.field(default_factory=list)  # [Flax file, anchor, replacement]
-  scope_hooks: bool = False
+  files: list = dataclasses.field(default_factory=list)  # [Flax file, our file]: copied
 
 
 PRS = [PR(**pr) for pr in SPEC['pr']]
@@ -185,29 +186,34 @@ TESTS = SPEC['test_files']
 WAIVED = SPEC['waived']
 
 
-def _scope_bindings() -> list[ast.Call]:
-  """``_Binding(Scope, ...)`` calls of our patch: what it changes on Scope."""
+# Where the owners of our patch's bindings are in Flax: file, and class if any.
+OWNERS = {'Scope': ('flax/core/scope.py', 'Scope'), '_core_lift': ('flax/core/lift.py', None)}
+
+
+def hooks() -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+  """(our module, hook) -> [(Flax file, class or None, function)] it decorates.
+
+  Each ``_Binding(owner, attr, <core module>.<hook>)`` of our patch wraps a
+  Flax function with a hook: upstream, the hook decorates it. Bindings to
+  plugin-only code (``_compat``) have no counterpart.
+  """
   tree = ast.parse((ROOT / 'flax_tieext/_patch.py').read_text())
-  return [c for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(
-      c.func, 'id', '') == '_Binding' and ast.unparse(c.args[0]) == 'Scope']
-
-
-def scope_hooks() -> list[tuple[str, str]]:
-  """(Scope method, ties hook) of each ``_Binding(Scope, method, ties.hook)``."""
-  return [(c.args[1].value, c.args[2].attr) for c in _scope_bindings()
-          if ast.unparse(c.args[2]).startswith('ties.')]
-
-
-def scope_attributes() -> list[tuple[str, str]]:
-  """(name, value) of each ``_Binding(Scope, name, use(value))``: state on Scope."""
-  return [(c.args[1].value, ast.unparse(c.args[2].args[0])) for c in _scope_bindings()
-          if ast.unparse(c.args[2]).startswith('use(')]
+  found = {}
+  for c in ast.walk(tree):
+    if (isinstance(c, ast.Call) and getattr(c.func, 'id', '') == '_Binding'
+        and isinstance(c.args[2], ast.Attribute)
+        and isinstance(c.args[2].value, ast.Name)
+        and ast.unparse(c.args[0]) in OWNERS
+        and (ROOT / 'flax_tieext/core' / f'{c.args[2].value.id}.py').exists()):
+      key = (f'flax_tieext.core.{c.args[2].value.id}', c.args[2].attr)
+      found.setdefault(key, []).append(
+          (*OWNERS[ast.unparse(c.args[0])], c.args[1].value))
+  return found
 
 
 def reach(pr: PR, taken: set) -> list[Def]:
   """``pr``'s roots and the definitions of ours they reach that no earlier PR took."""
-  roots = [*map(tuple, pr.roots), *(('flax_tieext.core.ties', h) for _, h in scope_hooks() if pr.scope_hooks)]
-  todo, mine = list(roots), []
+  todo, mine = [*map(tuple, pr.roots)], []
   while todo:
     module, name = key = todo.pop()
     if module.split('.')[1].startswith('_') or module.startswith('flax_tieext.testing'):
@@ -353,19 +359,23 @@ def add_imports(source: str, defs: list[Def], dest: str, tree: pathlib.Path) -> 
   return source
 
 
-def hook_scope(tree: pathlib.Path) -> None:
-  """Scope as our patch makes it: ``@ties.<hook>`` on the methods it wraps, and
-  the attributes it adds, before the first method."""
-  path = tree / 'flax/core/scope.py'
-  source = _insert_import(path.read_text(), 'from flax.core import ties')
-  scope = next(n for n in ast.parse(source).body if getattr(n, 'name', '') == 'Scope')
-  methods = {n.name: n for n in scope.body if isinstance(n, ast.FunctionDef)}
-  lines = source.split('\n')
-  for method, hook in sorted(scope_hooks(), key=lambda p: -_first_line(methods[p[0]])):
-    lines.insert(_first_line(methods[method]) - 1, f'  @ties.{hook}')
-  first = min(_first_line(m) for m in methods.values()) - 1
-  lines[first:first] = [f'  {name} = {value}' for name, value in scope_attributes()] + ['']
-  path.write_text('\n'.join(lines))
+def add_hooks(pr: PR, tree: pathlib.Path) -> None:
+  """Decorates the Flax functions our patch wraps with the hooks among ``pr``'s roots.
+
+  A later hook on the same function goes above the earlier ones: it wraps them.
+  """
+  for root in map(tuple, pr.roots):
+    for file, cls, function in hooks().get(root, []):
+      module = root[0].rpartition('.')[2]
+      path = tree / file
+      source = _insert_import(path.read_text(), f'from flax.core import {module}')
+      body = ast.parse(source).body
+      if cls:
+        body = next(n for n in body if getattr(n, 'name', '') == cls).body
+      node = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == function][-1]
+      lines = source.split('\n')
+      lines.insert(_first_line(node) - 1, ' ' * node.col_offset + f'@{module}.{root[1]}')
+      path.write_text('\n'.join(lines))
 
 
 def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
@@ -395,20 +405,23 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
     source = add_imports((tree / dest).read_text(), defs, dest, tree)
     source = sort_imports(source) if dest in new else source
     (tree / dest).write_text(source.rstrip('\n') + '\n')
+  add_hooks(pr, tree)
   for file, anchor, new in pr.edits:
     text = (tree / file).read_text()
     if anchor not in text:
       raise Error(f'{file} has no {anchor!r}')
     (tree / file).write_text(text.replace(anchor, new, 1))
-  # Flax's CHANGELOG: "Add your change to a random empty line [of vNext] to
-  # avoid merge conflicts". We take the last free one.
-  lines = (tree / 'CHANGELOG.md').read_text().split('\n')
-  start = next(i for i, l in enumerate(lines) if l.startswith('(Add your change'))
-  free = [i for i in range(start, lines.index('', start)) if lines[i] == '-']
-  lines[free[-1]] = f'- {pr.changelog}'
-  (tree / 'CHANGELOG.md').write_text('\n'.join(lines))
-  if pr.scope_hooks:
-    hook_scope(tree)
+  for file, ours in pr.files:
+    (tree / file).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / ours, tree / file)
+  if pr.changelog:
+    # Flax's CHANGELOG: "Add your change to a random empty line [of vNext] to
+    # avoid merge conflicts". We take the last free one.
+    lines = (tree / 'CHANGELOG.md').read_text().split('\n')
+    start = next(i for i, l in enumerate(lines) if l.startswith('(Add your change'))
+    free = [i for i in range(start, lines.index('', start)) if lines[i] == '-']
+    lines[free[-1]] = f'- {pr.changelog}'
+    (tree / 'CHANGELOG.md').write_text('\n'.join(lines))
 
 
 def leftovers(tree: pathlib.Path) -> list[str]:
@@ -441,24 +454,11 @@ def git(cwd, *args, capture=False):
   return out.stdout if capture else None
 
 
-def sdist(version: str) -> pathlib.Path:
-  """Flax ``version``'s sdist from PyPI (cached), checked against its sha256."""
-  tarball = SDISTS / f'flax-{version}.tar.gz'
-  if not tarball.exists():
-    subprocess.run([sys.executable, '-m', 'pip', 'download', '-q', '--no-deps',
-                    '--no-binary', ':all:', '--ignore-requires-python',
-                    f'flax=={version}', '-d', str(SDISTS)], check=True)
-  digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
-  if digest != RELEASES[version]:
-    raise Error(f'{tarball}: sha256 {digest}, expected {RELEASES[version]}')
-  return tarball
-
-
 def pristine(dest: pathlib.Path, version: str = BUILD_ON) -> pathlib.Path:
   """A git repository of Flax ``version``'s unpacked sdist."""
   shutil.rmtree(dest, ignore_errors=True)
   unpack = pathlib.Path(tempfile.mkdtemp())
-  with tarfile.open(sdist(version)) as tar:
+  with tarfile.open(harness.flax_sdist(version)) as tar:
     tar.extractall(unpack, filter='data')
   shutil.move(next(unpack.iterdir()), dest)
   git(dest, 'init', '-q')
