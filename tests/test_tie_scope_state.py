@@ -528,3 +528,15 @@ def test_tie_back_names_leaf_stack_and_layer_that_differ():
   assert 'layer 2 (axis 0) of the stack /stack' in message
   with pytest.raises(TieError, match=r"stacks=\{'stack': 3\}"):
     flax_tieext.tie_variables(untied, STACK_TIES)
+
+
+@pytest.mark.parametrize('differs', ['kernel', 'bias'])
+def test_tie_back_names_the_leaf_that_differs_in_init_order(differs):
+  """Leaf names came in insertion order (kernel, bias), values sorted."""
+  untied = TwoWays().init(jax.random.key(0), X)
+  params = untied['params']
+  params['b'] = {'kernel': params['a']['kernel'], 'bias': params['a']['bias']}
+  params['b'][differs] = params['b'][differs] + 1.0
+  assert list(params['b']) == ['kernel', 'bias']  # as Flax's init orders them
+  with pytest.raises(TieError, match=f'/b/{differs} differs from its source'):
+    flax_tieext.tie_variables(untied, {'b': 'a'})

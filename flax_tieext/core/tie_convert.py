@@ -119,8 +119,10 @@ def untie_variables(
 
   Raises:
     TieError: if a source is missing, a target inside a stack that
-      ``stacks`` does not name would be written unstacked, or a view moves a
-      partitioned axis in a way whose names cannot be followed.
+      ``stacks`` does not name would be written unstacked (known by the
+      stacked variables stored beside the target: a stack that holds nothing
+      but tied targets cannot be told from a module, so name it), or a view
+      moves a partitioned axis in a way whose names cannot be followed.
   """
   out = _unfreeze(variables)
   for tie, col, value, stack in _viewed_sources(
@@ -231,8 +233,9 @@ def _check_equal(tie, col: str, target, expected, stack=None):
   if x_def != y_def:
     raise TieError(f'{what} they hold different variables ({x_def} vs'
                    f' {y_def}).')
-  paths = [p for p, _ in tie_spec.flatten(target)] if isinstance(
-      target, Mapping) else [()]
+  # In the order of xs (sorted keys), not of the dicts' insertion.
+  paths = [tuple(k.key for k in p) for p, _ in
+           jax.tree_util.tree_flatten_with_path(target, is_leaf=tie_spec.is_box)[0]]
   for path, x, y in zip(paths, xs, ys):
     leaf = tie_spec.text(tie.target + path)
     x_names, y_names = getattr(x, 'names', None), getattr(y, 'names', None)
