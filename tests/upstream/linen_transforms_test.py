@@ -23,6 +23,7 @@ import functools
 
 from absl.testing import parameterized
 from flax import linen as nn
+from flax.core import freeze
 from flax.linen import partitioning
 import jax
 from jax import random
@@ -329,7 +330,7 @@ class TieTest(parameterized.TestCase):
                  grad, expected_grad)
 
   class Branches(nn.Module):
-    """A branch body that calls the target twice."""
+    """A branch or loop body that calls the target twice."""
     kind: str
     shared: bool = False
 
@@ -341,9 +342,13 @@ class TieTest(parameterized.TestCase):
       body = lambda m, h: m(m(h))
       if self.kind == 'cond':
         return nn.cond(True, body, body, b, x)
+      if self.kind == 'while_loop':
+        return nn.while_loop(
+            lambda m, c: c[0] < 2, lambda m, c: (c[0] + 1, body(m, c[1])), b,
+            (0, x), carry_variables='state')[1]
       return nn.switch(1, [body, body], b, x)
 
-  @parameterized.parameters('cond', 'switch')
+  @parameterized.parameters('cond', 'switch', 'while_loop')
   def test_branch_body_calls_the_target_twice(self, kind):
     tied = nn.tie(self.Branches, {'b': 'a'}, collections='state')(kind)
     x = jnp.ones(2)
@@ -379,6 +384,188 @@ class TieTest(parameterized.TestCase):
     np.testing.assert_allclose(
         tied.apply(variables, x, method=lambda m, x: m.b(x)),
         Pair(shared=True).apply(variables, x, method=lambda m, x: m.b(x)))
+
+  class WithAttributes(nn.Module):
+    a: nn.Module
+    b: nn.Module
+
+    def __call__(self, x):
+      return self.b(jnp.tanh(self.a(x)))
+
+  @parameterized.parameters(*WRAPS)
+  def test_submodules_passed_as_attributes(self, wrap):
+    dense = TieTest.WRAPS[wrap](nn.Dense)
+    tied = nn.tie(self.WithAttributes, {'b': 'a'})(a=dense(3), b=dense(3))
+    one = dense(3)
+    shared = self.WithAttributes(a=one, b=one)
+    x = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), x)
+    jax.tree.map(np.testing.assert_array_equal, variables,
+                 shared.init(random.key(1), x))
+    np.testing.assert_allclose(
+        tied.apply(variables, x), shared.apply(variables, x))
+
+  class Reader(nn.Module):
+    """Returns its output and its kernel as ``self.variables`` shows it."""
+
+    @nn.compact
+    def __call__(self, x):
+      y = nn.Dense(3, name='dense')(x)
+      return jnp.tanh(y), self.variables['params']['dense']['kernel']
+
+  class Readers(nn.Module):
+    wrap: str = 'plain'
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      reader = TieTest.WRAPS[self.wrap](TieTest.Reader)
+      a = reader(name='a')
+      b = a if self.shared else reader(name='b')
+      return b(a(x)[0])
+
+  @parameterized.parameters(*WRAPS)
+  def test_target_sees_the_source_variables(self, wrap):
+    tied = nn.tie(self.Readers, {'b': 'a'})(wrap)
+    shared = self.Readers(wrap, shared=True)
+    x = random.normal(random.key(0), (2, 3))
+    variables = shared.init(random.key(1), x)
+    (y, kernel), (expected_y, expected_kernel) = (
+        tied.apply(variables, x), shared.apply(variables, x))
+    np.testing.assert_allclose(y, expected_y)
+    np.testing.assert_array_equal(kernel, expected_kernel)
+    np.testing.assert_array_equal(
+        kernel, variables['params']['a']['dense']['kernel'])
+
+  def test_tabulate_counts_the_source_once(self):
+    x = jnp.ones((2, 3))
+
+    def total(module):
+      table = nn.tabulate(module, random.key(0),
+                          console_kwargs={'force_terminal': False})(x)
+      return next(line.strip() for line in table.splitlines()
+                  if 'Total Parameters' in line)
+
+    self.assertEqual(total(nn.tie(self.Stack, {'b': 'a'})()),
+                     total(self.Shared()))
+    self.assertNotEqual(total(self.Stack()), total(self.Shared()))
+
+  class TargetFirst(nn.Module):
+    """Calls ``b`` before ``a``."""
+    wrap: str = 'plain'
+
+    @nn.compact
+    def __call__(self, x):
+      dense = TieTest.WRAPS[self.wrap](nn.Dense)
+      a, b = dense(3, name='a'), dense(3, name='b')
+      return a(jnp.tanh(b(x)))
+
+  @parameterized.parameters(*WRAPS)
+  def test_init_does_not_depend_on_which_use_runs_first(self, wrap):
+    tied = nn.tie(self.TargetFirst, {'b': 'a'})(wrap)
+    x = random.normal(random.key(0), (2, 3))
+    y, variables = tied.init_with_output(random.key(1), x)
+    np.testing.assert_allclose(y, tied.apply(variables, x))
+    # The stored values are the source's own, as when the source runs first.
+    source_first = nn.tie(self.Stack, {'b': 'a'})(wrap=wrap)
+    jax.tree.map(np.testing.assert_array_equal, variables,
+                 source_first.init(random.key(1), x))
+    untied = self.TargetFirst(wrap).init(random.key(1), x)
+    jax.tree.map(np.testing.assert_array_equal, variables['params']['a'],
+                 untied['params']['a'])
+
+  class Mapped(nn.Module):
+    """The target runs inside ``nn.map_variables``, which doubles params."""
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      a = nn.Dense(3, name='a')
+      b = a if self.shared else nn.Dense(3, name='b')
+      double = lambda v: jax.tree.map(lambda p: 2 * p, v)
+      return nn.map_variables(lambda m, h: m(h), 'params', double)(
+          b, jnp.tanh(a(x)))
+
+  def test_map_variables_maps_the_source(self):
+    tied = nn.tie(self.Mapped, {'b': 'a'})()
+    shared = self.Mapped(shared=True)
+    x = random.normal(random.key(0), (2, 3))
+    y, variables = tied.init_with_output(random.key(1), x)
+    expected_y, expected = shared.init_with_output(random.key(1), x)
+    np.testing.assert_allclose(y, expected_y)
+    jax.tree.map(np.testing.assert_array_equal, variables, expected)
+    loss = lambda m, v: m.apply(v, x).sum()
+    jax.tree.map(np.testing.assert_allclose,
+                 jax.grad(lambda v: loss(tied, v))(variables),
+                 jax.grad(lambda v: loss(shared, v))(variables))
+
+  class ClosedOver(nn.Module):
+    """The target runs inside a transform that closes over its source."""
+    kind: str
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      a = nn.Dense(3, name='a')
+      b = a if self.shared else nn.Dense(3, name='b')
+      x = jnp.tanh(a(x))
+      if self.kind == 'value_and_grad':
+        y, (x_grad,) = nn.value_and_grad(
+            lambda m, h: jnp.sum(m(h) ** 2), b, x)
+        return y + x_grad, {}
+      y, backward = nn.vjp(lambda m, h: m(h), b, x)
+      params_grad, x_grad = backward(jnp.ones_like(y))
+      return y + x_grad, params_grad
+
+  @parameterized.parameters('value_and_grad', 'vjp')
+  def test_closed_over_source_reads_and_differentiates(self, kind):
+    tied = nn.tie(self.ClosedOver, {'b': 'a'})(kind)
+    shared = self.ClosedOver(kind, shared=True)
+    x = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), x)
+    self.assertEqual(list(variables['params']), ['a'])
+    jax.tree.map(np.testing.assert_allclose, tied.apply(variables, x),
+                 shared.apply(variables, x))
+    loss = lambda m, v: m.apply(v, x)[0].sum()
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-6),
+                 jax.grad(lambda v: loss(tied, v))(variables),
+                 jax.grad(lambda v: loss(shared, v))(variables))
+
+  TRACES = []
+
+  class Traced(nn.Module):
+    """Records each trace of its body."""
+
+    @nn.compact
+    def __call__(self, x):
+      TieTest.TRACES.append(self.scope.path)
+      return jnp.tanh(nn.Dense(3, name='dense')(x))
+
+  class TracedPair(nn.Module):
+    wrap: str = 'plain'
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      traced = TieTest.WRAPS[self.wrap](TieTest.Traced)
+      a = traced(name='a')
+      b = a if self.shared else traced(name='b')
+      return b(a(x))
+
+  @parameterized.parameters(*WRAPS)
+  def test_each_call_site_is_traced_once(self, wrap):
+    x = jnp.ones((2, 3))
+
+    def traces(module):
+      del self.TRACES[:]
+      variables = module.init(random.key(0), x)
+      module.apply(variables, x)
+      jax.grad(lambda v: module.apply(v, x).sum())(variables)
+      return list(self.TRACES)
+
+    tied = traces(nn.tie(self.TracedPair, {'b': 'a'})(wrap))
+    self.assertEqual(tied, [('a',), ('b',)] * 3)
+    self.assertLen(tied, len(traces(self.TracedPair(wrap, shared=True))))
 
 
 class TieVariablesTest(parameterized.TestCase):
@@ -455,3 +642,175 @@ class TieVariablesTest(parameterized.TestCase):
         + expected['params']['head']['kernel'].T,
         rtol=1e-6,
     )
+
+  @parameterized.named_parameters(
+      ('module', {'b': 'a'}), ('variable', {'b/kernel': 'a/kernel'}))
+  def test_untie_then_tie_is_the_identity(self, ties_):
+    tied = nn.tie(TieTest.Stack, ties_)()
+    x = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), x)
+    untied = tie_convert.untie_variables(variables, ties_)
+    self.assertEqual(jax.tree.structure(untied),
+                     jax.tree.structure(TieTest.Stack().init(random.key(1), x)))
+    np.testing.assert_allclose(
+        TieTest.Stack().apply(untied, x), tied.apply(variables, x))
+    retied = tie_convert.tie_variables(untied, ties_)
+    self.assertEqual(jax.tree.structure(retied), jax.tree.structure(variables))
+    jax.tree.map(np.testing.assert_array_equal, retied, variables)
+
+  def test_frozen_variables_convert_to_plain_dicts(self):
+    ties_ = {'b': 'a'}
+    tied = nn.tie(TieTest.Stack, ties_)()
+    x = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), x)
+    untied = tie_convert.untie_variables(freeze(variables), ties_)
+    self.assertIsInstance(untied['params']['b'], dict)
+    retied = tie_convert.tie_variables(freeze(untied), ties_)
+    self.assertIsInstance(retied['params'], dict)
+    jax.tree.map(np.testing.assert_array_equal, retied, variables)
+    np.testing.assert_allclose(
+        TieTest.Stack().apply(freeze(untied), x),
+        tied.apply(freeze(retied), x))
+
+  @parameterized.parameters(*TieTest.WRAPS)
+  def test_checkpoint_of_the_untied_model_loads_tied(self, wrap):
+    x = random.normal(random.key(0), (2, 3))
+    untied_model = TieTest.Stack(wrap=wrap)
+    # A checkpoint of the untied model, trained with ``b`` kept equal to ``a``.
+    checkpoint = untied_model.init(random.key(1), x)
+    checkpoint['params']['b'] = checkpoint['params']['a']
+    variables = tie_convert.tie_variables(checkpoint, {'b': 'a'})
+    self.assertEqual(list(variables['params']), ['a'])
+    tied = nn.tie(TieTest.Stack, {'b': 'a'})(wrap=wrap)
+    np.testing.assert_allclose(
+        tied.apply(variables, x), untied_model.apply(checkpoint, x))
+    grad = jax.grad(lambda v: tied.apply(v, x).sum())(variables)['params']
+    expected = jax.grad(
+        lambda v: untied_model.apply(v, x).sum())(checkpoint)['params']
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-6),
+                 grad['a'], jax.tree.map(jnp.add, expected['a'], expected['b']))
+
+  def test_a_target_that_differs_from_its_source_is_refused(self):
+    x = random.normal(random.key(0), (2, 3))
+    checkpoint = TieTest.Stack().init(random.key(1), x)
+    with self.assertRaisesRegex(
+        errors.TieError,
+        r"/b/kernel to /a/kernel in collection 'params': /b/kernel differs"):
+      tie_convert.tie_variables(checkpoint, {'b/kernel': 'a/kernel'})
+    self.assertEqual(sorted(checkpoint['params']), ['a', 'b'])  # untouched
+    tokens = jnp.array([[0, 3, 4]])
+    lm = self.LM().init(random.key(1), tokens)
+    with self.assertRaisesRegex(
+        errors.TieError, '/head/kernel differs from its source'):
+      tie_convert.tie_variables(
+          lm, {'head/kernel': ('embed/embedding', jnp.transpose)})
+
+  class Normed(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return nn.BatchNorm(use_running_average=False)(nn.Dense(3)(x))
+
+  class TwoNormed(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      normed = TieVariablesTest.Normed
+      return normed(name='b')(normed(name='a')(x))
+
+  def test_collections_filter(self):
+    ties_ = {'b': 'a'}
+    x = random.normal(random.key(0), (4, 3))
+    # The untied model's batch stats start equal, its params do not.
+    checkpoint = self.TwoNormed().init(random.key(1), x)
+    stats = tie_convert.tie_variables(checkpoint, ties_, 'batch_stats')
+    self.assertEqual(sorted(stats['params']), ['a', 'b'])
+    self.assertEqual(list(stats['batch_stats']), ['a'])
+    with self.assertRaisesRegex(errors.TieError, "collection 'params'"):
+      tie_convert.tie_variables(checkpoint, ties_, collections=True)
+    tied = nn.tie(self.TwoNormed, ties_, ['params', 'batch_stats'])()
+    variables = tied.init(random.key(1), x)
+    untied = tie_convert.untie_variables(variables, ties_, collections=True)
+    jax.tree.map(
+        np.testing.assert_array_equal, untied, tie_convert.untie_variables(
+            variables, ties_, collections=['params', 'batch_stats']))
+    self.assertEqual(jax.tree.structure(untied), jax.tree.structure(checkpoint))
+    params_only = tie_convert.untie_variables(variables, ties_)
+    self.assertEqual(list(params_only['batch_stats']), ['a'])
+    np.testing.assert_allclose(
+        tied.apply(variables, x, mutable=['batch_stats'])[0],
+        self.TwoNormed().apply(untied, x, mutable=['batch_stats'])[0])
+
+  DENSE = functools.partial(nn.Dense, 3, kernel_init=nn.with_partitioning(
+      nn.initializers.lecun_normal(), ('embed', 'mlp')))
+
+  class EncoderLayer(nn.Module):
+
+    @nn.compact
+    def __call__(self, c, x):
+      x = jnp.tanh(TieVariablesTest.DENSE(name='attn')(x))
+      return c, x + TieVariablesTest.DENSE(name='ff')(x)
+
+  class Encoder(nn.Module):
+    """A source, then a stack whose layers each have ``attn`` and ``ff``."""
+
+    @nn.compact
+    def __call__(self, xs):
+      TieVariablesTest.DENSE(name='src')(xs[0])
+      stack = nn.scan(
+          TieVariablesTest.EncoderLayer, variable_axes={'params': 0},
+          split_rngs={'params': True}, length=xs.shape[0],
+          metadata_params={nn.PARTITION_NAME: None})
+      return stack(name='stack')(None, xs)[1]
+
+  def test_partitioned_stack_conversion(self):
+    ties_ = {'stack/attn': 'src'}
+    tied = nn.tie(self.Encoder, ties_)()
+    xs = random.normal(random.key(0), (2, 3))
+    variables = tied.init(random.key(1), xs)
+    untied = tie_convert.untie_variables(variables, ties_, stacks={'stack': 2})
+    # Each layer's copy keeps the source's names; the stack's axis has none.
+    self.assertEqual(nn.get_partition_spec(untied), nn.get_partition_spec(
+        self.Encoder().init(random.key(1), xs)))
+    np.testing.assert_allclose(
+        self.Encoder().apply(untied, xs), tied.apply(variables, xs))
+    retied = tie_convert.tie_variables(untied, ties_, stacks={'stack': 2})
+    self.assertEqual(jax.tree.structure(retied), jax.tree.structure(variables))
+    jax.tree.map(np.testing.assert_array_equal, nn.unbox(retied),
+                 nn.unbox(variables))
+
+  def test_a_stack_not_named_in_stacks_is_refused(self):
+    ties_ = {'stack/attn': 'src'}
+    xs = random.normal(random.key(0), (2, 3))
+    variables = nn.tie(self.Encoder, ties_)().init(random.key(1), xs)
+    with self.assertRaisesRegex(
+        errors.TieError, r"/stack/attn(.|\n)*stacks=\{'stack': 2\}"):
+      tie_convert.untie_variables(variables, ties_)
+    untied = tie_convert.untie_variables(variables, ties_, stacks={'stack': 2})
+    with self.assertRaisesRegex(
+        errors.TieError, r"one more leading axis(.|\n)*stacks=\{'stack': 2\}"):
+      tie_convert.tie_variables(untied, ties_)
+
+  def test_a_view_moves_partitioning_names_with_the_axes(self):
+
+    class LM(nn.Module):
+
+      @nn.compact
+      def __call__(self, tokens):
+        x = nn.Embed(5, 3, name='embed', embedding_init=nn.with_partitioning(
+            nn.initializers.normal(), ('vocab', 'embed')))(tokens)
+        return nn.Dense(
+            5, use_bias=False, name='head', kernel_init=nn.with_partitioning(
+                nn.initializers.lecun_normal(), ('embed', 'vocab')))(x)
+
+    ties_ = {'head/kernel': ('embed/embedding', jnp.transpose)}
+    tokens = jnp.array([[0, 3, 4]])
+    tied = nn.tie(LM, ties_)()
+    variables = tied.init(random.key(0), tokens)
+    untied = tie_convert.untie_variables(variables, ties_)
+    self.assertEqual(nn.get_partition_spec(untied),
+                     nn.get_partition_spec(LM().init(random.key(0), tokens)))
+    np.testing.assert_allclose(
+        LM().apply(untied, tokens), tied.apply(variables, tokens))
+    retied = tie_convert.tie_variables(untied, ties_)
+    self.assertEqual(jax.tree.structure(retied), jax.tree.structure(variables))
