@@ -122,7 +122,7 @@ def nnx_facts() -> dict[str, Any]:
       ),
       # Whether it has graph and tree modes (graph=, graph_updates=), as Flax
       # main has: then flax_tieext.nnx.remat is Flax main's own with
-      # static_argnames (flax_tieext/nnx/transforms/autodiff.py, PR 03 of
+      # static_argnames (flax_tieext/nnx/transforms/autodiff.py, PR 04 of
       # patches/main); without them, nnx_remat below.
       'NNX_REMAT_MODES': remat is not None and 'graph_updates' in (
           inspect.signature(remat).parameters),
