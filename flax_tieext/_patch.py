@@ -143,6 +143,7 @@ def _bindings() -> list[_Binding]:
       # ... in which single variables may be tied (wrapping the hooks above).
       _Binding(Scope, '_collection', tie_vars.tie_aware_names),
       _Binding(Scope, '_mutable_collection', tie_vars.tie_aware_names),
+      _Binding(Scope, 'variables', tie_vars.tie_aware_variables),
   ]
 
 

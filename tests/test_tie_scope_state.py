@@ -540,3 +540,34 @@ def test_tie_back_names_the_leaf_that_differs_in_init_order(differs):
   assert list(params['b']) == ['kernel', 'bias']  # as Flax's init orders them
   with pytest.raises(TieError, match=f'/b/{differs} differs from its source'):
     flax_tieext.tie_variables(untied, {'b': 'a'})
+
+
+class SeesKernel(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    a, b = nn.Dense(D, name='a'), nn.Dense(D, name='b')
+    y = b(a(x))
+    return y, jax.tree_util.tree_map(jnp.shape, b.variables)
+
+
+def test_variables_of_a_variable_target_hold_the_tied_variable():
+  """b.variables showed only b's bias under {'b/kernel': 'a/kernel'}."""
+  tied = nn.tie(SeesKernel, {'b/kernel': 'a/kernel'})()
+  variables = tied.init(jax.random.key(0), X)
+  _, seen = tied.apply(variables, X)
+  _, expected = SeesKernel().apply(
+      SeesKernel().init(jax.random.key(0), X), X)
+  assert seen == expected
+
+
+def test_values_given_for_a_tied_variable_are_refused():
+  """They were silently ignored (the source's kernel was used)."""
+  untied = SeesKernel().init(jax.random.key(0), X)
+  with pytest.raises(TieError, match='Values were given for /b/kernel'):
+    nn.tie(SeesKernel, {'b/kernel': 'a/kernel'})().apply(untied, X)
+
+
+def test_a_module_tied_to_a_variable_is_a_tie_error():
+  """It was a bare ValueError (the truth value of an array)."""
+  with pytest.raises(TieError, match='"b/kernel": "a/kernel"'):
+    nn.tie(SeesKernel, {'b': 'a/kernel'})().init(jax.random.key(0), X)

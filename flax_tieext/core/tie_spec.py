@@ -59,7 +59,9 @@ class Tie:
     names = named_collections(self.collections)
     cols = (f'in collection {col!r}' if col is not None else
             f'for collection {names[0]!r}' if len(names) == 1 else
-            f'for collections {", ".join(map(repr, names)) or self.collections}')
+            f'for collections {", ".join(map(repr, names))}' if names else
+            'for all collections' if self.collections is True else
+            f'for collections {self.collections!r}')
     return (f'tie {text(self.target)} -> {text(self.source)}{viewed} {cols},'
             f' declared at {text(self.declared_at)}')
 
@@ -149,11 +151,13 @@ def normalize(ties: Mapping[str, Any], collections: Any,
     target = _parse_path(target_text, declared_at, 'target')
     source = _parse_path(spec, declared_at, 'source')
     if target in raw and raw[target][:2] != (source, view):
+      differ = (f'different sources ({text(raw[target][0])} and'
+                f' {text(source)})' if raw[target][0] != source else
+                f'the source {text(source)} with different views')
       raise TieError(
           f'Ties {raw[target][2]!r} and {target_text!r} declared at'
-          f' {text(declared_at)} both name {text(target)}, with different'
-          f' sources ({text(raw[target][0])} and {text(source)}). A target'
-          ' has one source: keep one of them.')
+          f' {text(declared_at)} both name {text(target)}, with {differ}. A'
+          ' target has one source: keep one of them.')
     if target == source:
       raise TieError(
           f'Tie {target_text!r} -> {spec!r} declared at {text(declared_at)}'

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping, MutableMapping
 
+from flax.core.frozen_dict import FrozenDict, freeze
 from flax_tieext.core.tie_spec import (
     Tie,
     apply_view,
@@ -38,6 +39,7 @@ from flax_tieext.core.ties import (
     TIES_FLAG,
     _maps,
     cannot_land,
+    given_for_target,
     held_elsewhere,
     reach,
     read_only,
@@ -64,6 +66,22 @@ def tie_aware_names(collection):
   return named_collection
 
 
+def tie_aware_variables(variables):
+  """``Scope.variables`` in which a tied variable is present, as in its view."""
+  @functools.wraps(variables)
+  def tied_variables(self):
+    found = variables(self)
+    if TIES_FLAG not in self.flags:
+      return found
+    views = {col: self._collection(col) for col in found}  # pylint: disable=protected-access
+    if not any(isinstance(v, _TiedCollection) for v in views.values()):
+      return found
+    out = {col: dict(v) if isinstance(v, _TiedCollection) else found[col]
+           for col, v in views.items()}
+    return freeze(out) if isinstance(found, FrozenDict) else out
+  return tied_variables
+
+
 class _TiedCollection(MutableMapping):
   """A scope's collection in which some names are tied variables.
 
@@ -81,13 +99,16 @@ class _TiedCollection(MutableMapping):
     if tie is None:
       return None
     scope, col = self._scope, self._col
+    initializing = (scope.get_flag('initializing', False)
+                    and scope.is_mutable_collection(col))
+    if not initializing and name in self._own:
+      raise given_for_target(tie, col)
     parent, crossed = reach(scope, tie.source[:-1])
     node = None if parent is None else parent._collection(col)  # pylint: disable=protected-access
     found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
     if parent is None or isinstance(found, Mapping):
       return None  # a submodule: its own scope resolves the tie
-    if (scope.get_flag('initializing', False) and not _maps(crossed)
-        and scope.is_mutable_collection(col)
+    if (initializing and not _maps(crossed)
         and (found is None or write and col == 'params')):
       return None  # a copy, checked and dropped by check_init
     if crossed:

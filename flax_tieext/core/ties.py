@@ -172,19 +172,15 @@ def _resolve(scope, tie: Tie, col: str, write: bool, original):
   initializing = (scope.get_flag('initializing', False)
                   and scope.is_mutable_collection(col))
   if not initializing and stored(scope, scope.path, col):
-    raise tie_error(
-        f'Values were given for {text(tie.target)} in collection {col!r},'
-        f' but it is the target of the {tie.describe()}: only the source'
-        f' {text(tie.source)} is stored, so they would be ignored.',
-        'Convert variables saved from an untied model with'
-        ' tie_variables(variables, ties), which checks that each target'
-        ' equals its source and removes it.')
+    raise given_for_target(tie, col)
   source, crossed = reach(scope, tie.source)
   if source is None:
     raise tie_error(f'Cannot reach the source of the {tie.describe(col)} from'
                     f' {scope.path_text}.',
                     'Declare the tie at a module that contains both paths.')
   node = source._collection(col)  # pylint: disable=protected-access
+  if node is not None and not isinstance(node, Mapping):
+    raise kinds_differ(tie, col, target_is_module=True)
   if initializing and not _maps(crossed) and (
       col == 'params' or crossed or not node):
     if node:
@@ -219,6 +215,31 @@ def _resolve(scope, tie: Tie, col: str, write: bool, original):
         ' runs the source).')
   scope._variables[col] = node  # pylint: disable=protected-access
   return node
+
+
+def given_for_target(tie: Tie, col: str):
+  """Values given at ``apply`` for a target would be ignored."""
+  return tie_error(
+      f'Values were given for {text(tie.target)} in collection {col!r},'
+      f' but it is the target of the {tie.describe()}: only the source'
+      f' {text(tie.source)} is stored, so they would be ignored.',
+      'Convert variables saved from an untied model with'
+      ' tie_variables(variables, ties), which checks that each target'
+      ' equals its source and removes it.')
+
+
+def kinds_differ(tie: Tie, col: str, target_is_module: bool):
+  """A module tied to a variable, or a variable to a module."""
+  kinds = ('a module', 'a variable')[::1 if target_is_module else -1]
+  target, source = ((tie.target + tie.source[-1:], tie.source)
+                    if target_is_module else
+                    (tie.target, tie.source + tie.target[-1:]))
+  rel = lambda path: '/'.join(path[len(tie.declared_at):])
+  return tie_error(
+      f'In the {tie.describe(col)}, the target is {kinds[0]} but the source'
+      f' is {kinds[1]}.',
+      'Tie a module to a module, or a variable to a variable (e.g.'
+      f' "{rel(target)}": "{rel(source)}").')
 
 
 def viewed(tie: Tie, node):
@@ -478,12 +499,7 @@ def _drop(scope, path: Path, col: str):
 def _check_copy(tie: Tie, col: str, copy, source):
   """Raises unless ``copy`` could be read from ``source`` (through the view)."""
   if isinstance(copy, Mapping) != isinstance(source, Mapping):
-    kind = lambda x: 'a module' if isinstance(x, Mapping) else 'a variable'
-    raise tie_error(
-        f'In the {tie.describe(col)}, the target is {kind(copy)} but the'
-        f' source is {kind(source)}.',
-        'Tie a module to a module, or a variable to a variable (e.g.'
-        f' "{text(tie.target[1:])}/kernel": "{text(tie.source[1:])}/kernel").')
+    raise kinds_differ(tie, col, target_is_module=isinstance(copy, Mapping))
   flat_source = dict(flatten(jax.eval_shape(lambda s: viewed(tie, s), source)))
   for path, leaf in flatten(copy):
     if path not in flat_source:

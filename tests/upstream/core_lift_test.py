@@ -867,6 +867,51 @@ class LiftTieTest(parameterized.TestCase):
     np.testing.assert_array_equal(kernel, variables['params']['a']['kernel'])
     np.testing.assert_array_equal(bias, variables['params']['b']['bias'])
 
+  def test_target_scope_variables_hold_the_tied_variable(self):
+    def model(scope, x):
+      a, b = scope.push('a'), scope.push('b')
+      nn.dense(b, nn.dense(a, x, 3), 3)
+      return b.variables()
+
+    x = random.normal(random.key(0), (2, 3))
+    tied = lift.tie(model, {'b/kernel': 'a/kernel'})
+    _, variables = init(tied)(random.key(1), x)
+    seen = apply(tied)(variables, x)
+    params = variables['params']
+    # What the untied model's b holds, with a's kernel at b/kernel.
+    by_hand = {'a': params['a'], 'b': {**params['b'],
+                                       'kernel': params['a']['kernel']}}
+    expected = apply(model)({'params': by_hand}, x)
+    self.assertEqual(sorted(seen['params']), sorted(expected['params']))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, seen, expected)
+
+  def test_values_given_for_a_tied_variable_are_refused(self):
+    x = random.normal(random.key(0), (2, 3))
+    _, untied = init(self.two_layers)(random.key(1), x)
+    tied = lift.tie(self.two_layers, {'b/kernel': 'a/kernel'})
+    with self.assertRaisesRegex(
+        errors.TieError, r'(?s)Values were given for /b/kernel.*tie_variables'):
+      apply(tied)(untied, x)
+
+  @parameterized.named_parameters(
+      ('module_to_variable', {'b': 'a/kernel'}, False,
+       'the target is a module but the source is a variable',
+       '"b/kernel": "a/kernel"'),
+      ('module_to_variable_target_first', {'b': 'a/kernel'}, True,
+       'the target is a module but the source is a variable',
+       '"b/kernel": "a/kernel"'),
+      ('variable_to_module', {'b/kernel': 'a'}, False,
+       'the target is a variable but the source is a module',
+       '"b/kernel": "a/kernel"'),
+  )
+  def test_module_and_variable_are_not_tied(self, spec, target_first, what,
+                                            fix):
+    x = random.normal(random.key(0), (2, 3))
+    with self.assertRaises(errors.TieError) as e:
+      init(lift.tie(self.two_layers, spec))(random.key(1), x, target_first)
+    self.assertIn(what, str(e.exception))
+    self.assertIn(fix, str(e.exception))
+
   def test_writes_through_a_variable_tie_land_in_the_source(self):
     def model(scope, x, target_first=False, by_hand=False):
       a, b = scope.push('a'), scope.push('b')
