@@ -406,7 +406,10 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
   def apply(self, f, args, kwargs):
     try:
       return super().apply(f, args, kwargs)
-    except jax.errors.ConcretizationTypeError as e:
+    except (jax.errors.ConcretizationTypeError,
+            jax.errors.TracerIntegerConversionError) as e:
+      # A traced flag in `if` (ConcretizationTypeError), a traced count in
+      # `range(n)` (TracerIntegerConversionError).
       self._explain_concretization_error(e, args, kwargs)
       raise
 

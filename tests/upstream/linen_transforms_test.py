@@ -458,6 +458,28 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
         self.MLP, remat(self.MLP, static_argnames='deterministic'),
         deterministic=True)
 
+  class Repeated(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, num_layers=1):
+      for _ in range(num_layers):
+        x = nn.Dense(3)(x)
+      return x
+
+  @parameterized.named_parameters(*ENTRY_POINTS)
+  def test_traced_count_note(self, remat, name, first):
+    del first
+    with self.assertRaises(jax.errors.TracerIntegerConversionError) as e:
+      remat(self.Repeated)().init(random.key(0), jnp.ones((2, 3)), 2)
+    self.assertRegex(
+        self.message(e.exception),
+        f'{name}: \\S*Repeated\\.__call__ was called with the Python value'
+        ' num_layers=2, but `num_layers` is not static(.|\n)*'
+        " static_argnames='num_layers'")
+    self.assert_matches_plain(
+        self.Repeated, remat(self.Repeated, static_argnames='num_layers'),
+        num_layers=2)
+
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_traced_flag_note_counts_as_the_entry_point(self, remat, name, first):
     # `layers` is static by index, `train` after it is not.
