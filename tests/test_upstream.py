@@ -22,6 +22,7 @@ sdist and no network.
 import ast
 import pathlib
 import re
+import symtable
 import subprocess
 import sys
 import textwrap
@@ -235,3 +236,21 @@ def test_each_transform_declares_upstream_what_the_plugin_declares_for_it():
       assert file == 'flax/core/lift.py'
       declared[found[1]] = found[2]
   assert declared == _compat.TIE_SOURCES_BY_PACK_NAME
+
+
+def test_a_class_body_reads_its_enclosing_function_locals_not_globals():
+  source = textwrap.dedent('''\
+      class TestCase:
+        def test(self):
+          def model(index):
+            class Model:
+              step = index
+
+              def __init__(self):
+                super().__init__()  # reads __class__
+            return Model
+          return model
+      ''')
+  tree = ast.parse(source)
+  table = {t.get_name(): t for t in symtable.symtable(source, 'm', 'exec').get_children()}
+  assert upstream._globals(tree.body[0], table['TestCase']) == set()

@@ -108,7 +108,8 @@ def _globals(node: ast.stmt, table: symtable.SymbolTable | None) -> set[str]:
       t = tables.pop()
       tables += t.get_children()
       found |= {s.get_name() for s in t.get_symbols() if s.is_referenced() and (
-          s.is_global() or (t.get_type() == 'class' and not s.is_assigned()))}
+          s.is_global() or (t.get_type() == 'class' and not s.is_assigned()
+                            and not s.is_free()))}
   for n in outer:
     found |= {s.id for s in ast.walk(n) if isinstance(s, ast.Name)
               and isinstance(s.ctx, ast.Load)}

@@ -226,26 +226,22 @@ def tie(
 ) -> Target:
   """Ties variables of one path to those of another: one variable, two paths.
 
-  A tree of variables duplicates what a graph would share: the blocks of an
-  encoder each get their own copy of an attention mask, an ALBERT-style model
-  its own copy of every shared layer, a language model a head separate from
-  its embedding. ``nn.tie`` declares that the variables of a *target* path (a
-  submodule with all its variables in the tied ``collections``, or a single
-  variable) *are* the variables of a *source* path. The result behaves exactly
-  as one module instance called at two places: only the source is stored (in
-  ``init``, in ``apply(mutable=...)`` results and so in checkpoints), every
-  read sees the current value, writes land in the one variable in program
-  order, and gradients with respect to the source sum over all uses.
+  ``nn.tie`` declares that the variables of a *target* path (a submodule with
+  all its variables in the tied ``collections``, or a single variable) *are*
+  those of a *source* path: one attention mask for every block, ALBERT-style
+  shared layers, a head tied to its embedding. The result behaves exactly as
+  one module instance called at two places: only the source is stored (in
+  ``init``, ``apply(mutable=...)`` results and so checkpoints), every read
+  sees the current value, writes land in program order, and gradients with
+  respect to the source sum over all uses.
 
   The tie is state of the tied module's scope, in force wherever that module
-  is used: in every method and in ``setup``, under ``bind`` and
-  ``apply(method=...)``, for submodules passed in as attributes, and through
-  Flax's lifted transforms: a target inside ``nn.remat``, ``nn.checkpoint``,
-  ``nn.partitioning.remat``, ``nn.jit``, ``nn.scan``, ``nn.vmap``,
-  ``nn.map_variables``, ``nn.cond``/``nn.switch``/``nn.while_loop`` still
-  reaches its source, and each call site is traced once. Inside
-  ``nn.scan``/``nn.vmap`` a source outside the stack is broadcast (read-only),
-  never stacked. ``init`` returns what ``apply`` of its variables returns.
+  is used: every method and ``setup``, ``bind``, ``apply(method=...)``,
+  submodules passed in as attributes, and every lifted transform (each
+  declares what a source outside it is: ``lift.pack``'s ``tie_sources``).
+  Inside ``nn.scan``/``nn.vmap`` a source outside the stack is broadcast
+  (read-only), never stacked. Each call site is traced once, and ``init``
+  returns what ``apply`` of its variables returns.
 
   Example: one attention mask shared by every block, with rematted blocks::
 
@@ -305,9 +301,7 @@ def tie(
 
   Raises:
     errors.TieError: for a tie that cannot resolve, a write that cannot
-      land, or values given for a tied target; the message names the paths,
-      the collection and the declaring module, lists the nearest existing
-      names and says how to fix it.
+      land, or values given for a target, naming the paths and the fix.
   """
   if not _is_module_class(target):
     raise TypeError(
