@@ -24,14 +24,16 @@ import collections
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
-import sys
 import tarfile
+import urllib.request
 import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SDISTS = ROOT / '.nox' / '_sdists'
+SIMPLE_INDEX = 'https://pypi.org/simple/flax/'
 
 
 
@@ -87,12 +89,16 @@ def flax_sdist(version: str) -> pathlib.Path:
     )
   tarball = SDISTS / f'flax-{version}.tar.gz'
   if not tarball.exists():
-    subprocess.run(
-        [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps',
-         '--no-binary', ':all:', '--ignore-requires-python', '--dest',
-         str(SDISTS), f'flax=={version}'],
-        check=True,
-    )
+    # From PyPI's simple index, as pip finds it; no pip needed (uv's
+    # environments have none).
+    index = urllib.request.urlopen(SIMPLE_INDEX, timeout=120).read().decode()
+    url = re.search(rf'href="([^"#]*/{re.escape(tarball.name)})[#"]', index)
+    if url is None:
+      raise SdistError(f'{SIMPLE_INDEX} lists no {tarball.name}')
+    SDISTS.mkdir(parents=True, exist_ok=True)
+    partial = tarball.with_suffix('.part')
+    urllib.request.urlretrieve(url.group(1), partial)
+    partial.rename(tarball)
   digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
   if digest != FLAX_SDIST_SHA256[version]:
     tarball.unlink()

@@ -254,3 +254,22 @@ def test_a_class_body_reads_its_enclosing_function_locals_not_globals():
   tree = ast.parse(source)
   table = {t.get_name(): t for t in symtable.symtable(source, 'm', 'exec').get_children()}
   assert upstream._globals(tree.body[0], table['TestCase']) == set()
+
+
+def test_the_numbers_in_upstream_patches_md_are_the_series():
+  rows = re.findall(r'^\| (\d\d) \| (\d+) \| \+(\d+) / −(\d+) \| \+(\d+) / −(\d+) \|',
+                    (ROOT / 'docs' / 'upstream_patches.md').read_text(), re.M)
+  patches = sorted((ROOT / 'patches' / 'main').glob('*.patch'))
+  assert [r[0] for r in rows] == [p.name[2:4] for p in patches]
+  for row, patch in zip(rows, patches):
+    files, n, current = set(), {'flax+': 0, 'flax-': 0, 'tests+': 0, 'tests-': 0}, ''
+    for line in patch.read_text().split('\n'):
+      if line.startswith('diff --git'):
+        current = line.split()[2][2:]
+        files.add(current)
+      elif line[:1] in ('+', '-') and line[:3] not in ('+++', '---'):
+        top = current.split('/')[0]
+        if top in ('flax', 'tests'):
+          n[top + line[0]] += 1
+    assert tuple(map(int, row[1:])) == (
+        len(files), n['flax+'], n['flax-'], n['tests+'], n['tests-']), patch.name

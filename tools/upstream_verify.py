@@ -142,15 +142,18 @@ def step_by_step(dest: pathlib.Path, out: pathlib.Path) -> list[str]:
 
 
 def lacking(version: str) -> list[str]:
-  """The files the series changes (not creates) that ``version``'s sdist lacks."""
+  """The files of Flax the series changes that ``version``'s sdist lacks."""
   with tarfile.open(harness.flax_sdist(version)) as tar:
     names = {n.split('/', 1)[1] for n in tar.getnames() if '/' in n}
-  changed = set()
+  touched, created = set(), set()
   for patch in _patches():
     lines = open(patch).read().split('\n')
-    changed |= {l.split()[2][2:] for l, nxt in zip(lines, lines[1:])
-                if l.startswith('diff --git') and not nxt.startswith('new file')}
-  return sorted(changed - names)
+    for l, nxt in zip(lines, lines[1:]):
+      if l.startswith('diff --git'):
+        touched.add(l.split()[2][2:])
+        if nxt.startswith('new file'):
+          created.add(l.split()[2][2:])
+  return sorted(touched - created - names)
 
 
 def am_on_base(dest: pathlib.Path, mirror: pathlib.Path) -> None:
