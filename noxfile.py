@@ -129,11 +129,24 @@ def _missing_python(flax):
           ' and run nox again.')
 
 
-def _pytest(session, run, *args, cwd=ROOT, **kwargs):
+# JAX's persistent compilation cache, for our own suites: the opted-out half
+# of a run, and releases that share a JAX, compile the same programs again
+# (keyed by program, JAX version and flags). Other projects' suites run as
+# their maintainers run them, without it.
+COMPILATION_CACHE = {
+    'JAX_COMPILATION_CACHE_DIR': str(ROOT / '.nox' / '_jax_cache'),
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+}
+
+
+def _pytest(session, run, *args, cwd=ROOT, ours=True, env=None, **kwargs):
   """pytest in `cwd` writing `.nox/_reports/<session>/<run>.xml`; {test id: outcome}.
 
-  Fails the session (after printing the run's counts) if pytest fails.
+  Our suites (`ours`) run with JAX's compilation cache. Fails the session
+  (after printing the run's counts) if pytest fails.
   """
+  kwargs['env'] = {**(COMPILATION_CACHE if ours else {}), **(env or {})}
   xml = REPORTS / session.name / f'{run}.xml'
   xml.parent.mkdir(parents=True, exist_ok=True)
   xml.unlink(missing_ok=True)
@@ -189,9 +202,9 @@ def _plain_and_patched(session, suite, *args, cwd):
   Fails unless both runs pass, and pass the same tests (at least one).
   """
   args = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *args)
-  plain = _pytest(session, f'{suite}-plain', *args, cwd=cwd)
+  plain = _pytest(session, f'{suite}-plain', *args, cwd=cwd, ours=False)
   patched = _pytest(session, f'{suite}-patched', '-p', 'flax_tieext.testing.autopatch', *args,
-                    cwd=cwd)
+                    cwd=cwd, ours=False)
   passing = {run: {t for t, o in found.items() if o == 'passed'}
              for run, found in (('plain', plain), ('patched', patched))}
   if not passing['plain'] or passing['plain'] != passing['patched']:
