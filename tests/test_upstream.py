@@ -273,3 +273,14 @@ def test_the_numbers_in_upstream_patches_md_are_the_series():
           n[top + line[0]] += 1
     assert tuple(map(int, row[1:])) == (
         len(files), n['flax+'], n['flax-'], n['tests+'], n['tests-']), patch.name
+
+
+def test_files_the_series_copies_are_current_in_patches_main():
+  for number, pr in enumerate(upstream.PRS, 1):
+    for dest, ours in pr.files:
+      patch = next((ROOT / 'patches' / 'main').glob(f'{number:04d}-*.patch'))
+      text = patch.read_text().split(f'diff --git a/{dest} b/{dest}\n')[1]
+      body = text.split('\n@@')[1].split('\n', 1)[1].split('\ndiff --git')[0]
+      added = [l[1:] for l in body.split('\n') if l.startswith('+')]
+      assert added == (ROOT / ours).read_text().rstrip('\n').split('\n'), (
+          f'{patch.name} has an old {ours}: run python tools/upstream.py build')
