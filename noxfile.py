@@ -129,10 +129,10 @@ def _missing_python(flax):
           ' and run nox again.')
 
 
-# JAX's persistent compilation cache, for our own suites: the opted-out half
-# of a run, and releases that share a JAX, compile the same programs again
-# (keyed by program, JAX version and flags). Other projects' suites run as
-# their maintainers run them, without it.
+# JAX's persistent compilation cache for every pytest run: the opted-out half
+# of our suite, the patched run of a library's own suite and releases that
+# share a JAX compile the same programs again (an entry is keyed by program,
+# JAX version and flags, so a hit is the program a miss would compile).
 COMPILATION_CACHE = {
     'JAX_COMPILATION_CACHE_DIR': str(ROOT / '.nox' / '_jax_cache'),
     'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
@@ -140,13 +140,13 @@ COMPILATION_CACHE = {
 }
 
 
-def _pytest(session, run, *args, cwd=ROOT, ours=True, env=None, **kwargs):
+def _pytest(session, run, *args, cwd=ROOT, env=None, **kwargs):
   """pytest in `cwd` writing `.nox/_reports/<session>/<run>.xml`; {test id: outcome}.
 
-  Our suites (`ours`) run with JAX's compilation cache. Fails the session
-  (after printing the run's counts) if pytest fails.
+  Runs with JAX's compilation cache. Fails the session (after printing the
+  run's counts) if pytest fails.
   """
-  kwargs['env'] = {**(COMPILATION_CACHE if ours else {}), **(env or {})}
+  kwargs['env'] = {**COMPILATION_CACHE, **(env or {})}
   xml = REPORTS / session.name / f'{run}.xml'
   xml.parent.mkdir(parents=True, exist_ok=True)
   xml.unlink(missing_ok=True)
@@ -202,9 +202,9 @@ def _plain_and_patched(session, suite, *args, cwd):
   Fails unless both runs pass, and pass the same tests (at least one).
   """
   args = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *args)
-  plain = _pytest(session, f'{suite}-plain', *args, cwd=cwd, ours=False)
+  plain = _pytest(session, f'{suite}-plain', *args, cwd=cwd)
   patched = _pytest(session, f'{suite}-patched', '-p', 'flax_tieext.testing.autopatch', *args,
-                    cwd=cwd, ours=False)
+                    cwd=cwd)
   passing = {run: {t for t, o in found.items() if o == 'passed'}
              for run, found in (('plain', plain), ('patched', patched))}
   if not passing['plain'] or passing['plain'] != passing['patched']:
@@ -251,11 +251,11 @@ def distributed(session):
 
 @nox.session(name='tie-properties', python=PYTHONS[NEWEST])
 def tie_properties(session):
-  """The tie property test (tests/test_tie_properties.py) with 60 examples."""
+  """The tie property test (tests/test_tie_properties.py) with 40 examples."""
   _fresh_reports(session)
   _install(session, NEWEST, *_extra('test'))
   _pytest(session, 'tie-properties', 'tests/test_tie_properties.py', '-n', '0',
-          *session.posargs, env={'TIE_PROPERTY_EXAMPLES': '60'})
+          *session.posargs, env={'TIE_PROPERTY_EXAMPLES': '40'})
 
 
 # -- patches/main: the upstream PR series (tools/upstream.py) -------------------

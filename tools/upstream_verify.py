@@ -53,6 +53,10 @@ SUITES = ('tests/core', 'tests/linen')
 NNX_SUITE = 'tests/nnx/transforms_test.py'
 # A PR a maintainer can review in one sitting (docs/upstream_patches.md).
 MAX_ADDED = 500
+COMPILATION_CACHE = {
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+}
 
 
 def _run(cmd, cwd=None, **kw):
@@ -133,8 +137,7 @@ def step_by_step(dest: pathlib.Path, out: pathlib.Path) -> list[str]:
     if not ids:
       print(f'{patch.name}: no test file touched', flush=True)
       continue
-    passed, failed = pytest(sys.executable, dest, out / f'step-{patch.name}.xml', ids,
-                            env={**STEP_CACHE, 'JAX_COMPILATION_CACHE_DIR': str(out / 'jax-cache')})
+    passed, failed = pytest(sys.executable, dest, out / f'step-{patch.name}.xml', ids)
     print(f'{patch.name}: {len(passed)} passed, {len(failed)} failed in'
           f' {len(ids)} test classes', flush=True)
     problems += [f'{patch.name}: fails {t}' for t in sorted(failed)]
@@ -175,22 +178,20 @@ def am_on_base(dest: pathlib.Path, mirror: pathlib.Path) -> None:
   upstream.git(dest, 'am', '-q', '--whitespace=error-all', *patches)
 
 
-def pytest(python, tree: pathlib.Path, xml: pathlib.Path, suites=SUITES, env=None):
-  """Flax's core and linen suites on ``tree`` (its flax imported from the tree)."""
+def pytest(python, tree: pathlib.Path, xml: pathlib.Path, suites=SUITES):
+  """Flax's core and linen suites on ``tree`` (its flax imported from the tree).
+
+  With JAX's persistent compilation cache next to ``xml`` (the steps run the
+  series' classes again and again).
+  """
+  env = {**COMPILATION_CACHE, 'JAX_COMPILATION_CACHE_DIR': str(xml.parent / 'jax-cache')}
   workers = ['-n', '2'] if _run([python, '-c', 'import xdist'], capture_output=True).returncode == 0 else []
   _run([python, '-c', 'import flax; print("flax from", flax.__file__)'], cwd=tree)
   _run([python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *workers, '--tb=line',
-        f'--junitxml={xml}', *suites], cwd=tree, env={**os.environ, **(env or {})})
+        f'--junitxml={xml}', *suites], cwd=tree, env={**os.environ, **env})
   return _passed(xml)
 
 
-# The PR-by-PR steps run the series' own classes again and again: JAX's
-# persistent compilation cache saves compiling them each time. (Flax's full
-# suite runs without it, as Flax runs it.)
-STEP_CACHE = {
-    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-}
 
 
 def _junit_id(nodeid: str) -> str:
