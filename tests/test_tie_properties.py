@@ -28,7 +28,9 @@ transform boundaries in every direction) in one of three ways:
 
 A site may also call its leaf twice in the body of an ``nn.cond`` or
 ``nn.switch`` (the reference passes the shared leaf itself, as upstream Flax
-accepts a module argument there).
+accepts a module argument there). With ``attribute`` drawn, the tied model's
+groups make each plain site's leaf themselves (``group_g/leaf_i``) and pass
+it to the site as a constructor attribute, and the ties name those paths.
 
 With the same variable values and the same dropout rngs, both must agree in
 outputs, in the updated ``state`` collection (order-sensitive writes) and in
@@ -164,6 +166,7 @@ class Group(nn.Module):
   shared: tuple = ()  # per instance: a shared Leaf or None
   reverse: bool = False
   pure: bool = False  # no dropout, no writes
+  attribute: bool = False  # a site's own leaf is made here, passed to it
 
   @nn.compact
   def __call__(self, x):
@@ -172,15 +175,30 @@ class Group(nn.Module):
       wrap, instance = self.sites[i]
       shared = self.shared[instance] if self.shared else None
       dropout = self.levels[instance] == 'rooted' and not self.pure
+      if shared is None and self.attribute and passes_leaf(wrap):
+        shared = Leaf(dropout, name=f'leaf_{i}')
       x = call_site(wrap, shared, dropout, f'site_{i}', x, not self.pure)
     return x
 
 
-def build(layout, levels, reference, reverse=False, pure=False):
+def passes_leaf(wrap):
+  """Whether a site of this wrap gets its leaf as an attribute, if drawn."""
+  return wrap not in STACKS and wrap not in BRANCHES
+
+
+def leaf_path(g, i, wrap, attribute):
+  if attribute and passes_leaf(wrap):
+    return f'group_{g}/leaf_{i}'
+  return f'group_{g}/site_{i}/leaf'
+
+
+def build(layout, levels, reference, reverse=False, pure=False,
+          attribute=False):
   """The tied model, or (``reference``) its hand-shared twin.
 
   Its groups (and the shared leaves) are built in ``setup``, so that a
-  group can be called directly.
+  group can be called directly. With ``attribute``, the tied model's groups
+  make each site's leaf and pass it to the site as an attribute.
   """
   n_instances = len(levels)
 
@@ -197,7 +215,8 @@ def build(layout, levels, reference, reverse=False, pure=False):
           for k in range(n_instances)) if reference else ()
       self.groups = [
           WRAPS[group_wrap](Group)(tuple(sites), tuple(levels), shared,
-                                   reverse, pure, name=f'group_{g}')
+                                   reverse, pure, attribute and not reference,
+                                   name=f'group_{g}')
           for g, (group_wrap, sites) in enumerate(layout)]
 
     def __call__(self, x):
@@ -210,7 +229,7 @@ def build(layout, levels, reference, reverse=False, pure=False):
 
   if reference:
     return Model
-  module_ties, kernel_ties = ties_of(layout, levels)
+  module_ties, kernel_ties = ties_of(layout, levels, attribute)
   if module_ties:
     Model = nn.tie(Model, module_ties, collections=list(COLLECTIONS))
   if kernel_ties:
@@ -218,13 +237,13 @@ def build(layout, levels, reference, reverse=False, pure=False):
   return Model
 
 
-def site_paths(layout, levels):
+def site_paths(layout, levels, attribute=False):
   """Maps each instance to its source's path, then its sites' leaf paths."""
   paths = {k: [f'shared_{k}'] for k, level in enumerate(levels)
            if level == 'rooted'}
   for g, (_, sites) in enumerate(layout):
-    for i, (_, inst) in enumerate(sites):
-      paths.setdefault(inst, []).append(f'group_{g}/site_{i}/leaf')
+    for i, (wrap, inst) in enumerate(sites):
+      paths.setdefault(inst, []).append(leaf_path(g, i, wrap, attribute))
   return paths
 
 
@@ -240,10 +259,10 @@ def source_sites(layout):
 KERNEL = 'dense/kernel'
 
 
-def ties_of(layout, levels):
+def ties_of(layout, levels, attribute=False):
   """(module-level ties, variable-level ties): target -> source."""
   module_ties, kernel_ties = {}, {}
-  for inst, paths in site_paths(layout, levels).items():
+  for inst, paths in site_paths(layout, levels, attribute).items():
     for target in paths[1:]:
       if levels[inst] != 'kernel':
         module_ties[target] = paths[0]
@@ -267,25 +286,27 @@ def find(tree, path):
   return tree
 
 
-def to_reference(tree, layout, levels, col):
+def to_reference(tree, layout, levels, col, attribute=False):
   """Tied layout -> reference layout (differentiable in the leaves).
 
   A module-level source moves to ``shared_k``; a variable-level target gets
-  the source's kernel.
+  the source's kernel; a leaf passed as an attribute moves into its site.
   """
   out = {}
-  module_paths = {inst: paths
-                  for inst, paths in site_paths(layout, levels).items()
+  all_paths = site_paths(layout, levels, attribute)
+  module_paths = {inst: paths for inst, paths in all_paths.items()
                   if levels[inst] != 'kernel'}
   for g, (_, sites) in enumerate(layout):
     group = {}
-    for i, (_, inst) in enumerate(sites):
+    for i, (wrap, inst) in enumerate(sites):
       site = dict(tree.get(f'group_{g}', {}).get(f'site_{i}', {}))
+      leaf = leaf_path(g, i, wrap, attribute)
+      if leaf != f'group_{g}/site_{i}/leaf' and find(tree, leaf) is not None:
+        site['leaf'] = find(tree, leaf)
       if inst in module_paths:
         site.pop('leaf', None)
       elif col == 'params':
-        paths = site_paths(layout, levels)[inst]
-        leaf = f'group_{g}/site_{i}/leaf'
+        paths = all_paths[inst]
         if leaf != paths[0]:
           source = get(tree, f'{paths[0]}/{KERNEL}')
           site['leaf'] = {**site['leaf'],
@@ -324,20 +345,22 @@ def assert_trees(check, actual, expected):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(layout=layout_strategy, levels=levels_strategy,
        call=st.sampled_from(['apply', 'method', 'bind']),
-       group=st.integers(0, 1))
-def test_tied_model_equals_hand_shared_reference(layout, levels, call, group):
+       group=st.integers(0, 1), attribute=st.booleans())
+def test_tied_model_equals_hand_shared_reference(layout, levels, call, group,
+                                                 attribute):
   # Stack sites use a fourth instance, tied to a source outside every stack
   # (a shared module first used inside nn.vmap would be batched).
   layout = [(w, [(s, 3 if s in STACKS else inst) for s, inst in sites])
             for w, sites in layout]
   levels = (*levels, 'rooted')
-  tied, ref = build(layout, levels, False)(), build(layout, levels, True)()
+  tied = build(layout, levels, False, attribute=attribute)()
+  ref = build(layout, levels, True)()
   x = jax.random.normal(jax.random.key(1), (2, D))
   variables = tied.init(jax.random.key(0), x)
 
   # Stored once: no module-level target appears in any collection, no
   # variable-level target kernel in params.
-  module_ties, kernel_ties = ties_of(layout, levels)
+  module_ties, kernel_ties = ties_of(layout, levels, attribute)
   for target in module_ties:
     for col in variables:
       assert not find(variables[col], target), f'{target} stored in {col}'
@@ -345,7 +368,7 @@ def test_tied_model_equals_hand_shared_reference(layout, levels, call, group):
     assert find(variables['params'], target) is None, f'{target} stored'
 
   # Init order: the sites run in reverse, the same variables are stored.
-  reverse = build(layout, levels, False, reverse=True)()
+  reverse = build(layout, levels, False, reverse=True, attribute=attribute)()
   assert_trees(np.testing.assert_array_equal,
                reverse.init(jax.random.key(0), x), variables)
 
@@ -360,7 +383,8 @@ def test_tied_model_equals_hand_shared_reference(layout, levels, call, group):
   restarts |= set(BRANCHES) & {
       s for s, inst in source_sites(layout) if levels[inst] == 'module'}
   for order in [False] if 'kernel' in levels or restarts else [False, True]:
-    pure = build(layout, levels, False, reverse=order, pure=True)()
+    pure = build(layout, levels, False, reverse=order, pure=True,
+                 attribute=attribute)()
     y, pure_variables = pure.init_with_output(jax.random.key(0), x)
     close(y, pure.apply(pure_variables, x))
 
@@ -384,7 +408,8 @@ def test_tied_model_equals_hand_shared_reference(layout, levels, call, group):
                                'state': convert(state, 'state')})
     return jnp.sum(y ** 2), new_state
 
-  convert = functools.partial(to_reference, layout=layout, levels=levels)
+  convert = functools.partial(to_reference, layout=layout, levels=levels,
+                              attribute=attribute)
   (l, new_state), g = jax.value_and_grad(
       functools.partial(loss, tied), has_aux=True)(variables['params'], state)
   (rl, ref_new_state), rg = jax.value_and_grad(
