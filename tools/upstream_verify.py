@@ -181,17 +181,22 @@ def am_on_base(dest: pathlib.Path, mirror: pathlib.Path) -> None:
 def pytest(python, tree: pathlib.Path, xml: pathlib.Path, suites=SUITES):
   """Flax's core and linen suites on ``tree`` (its flax imported from the tree).
 
-  With JAX's persistent compilation cache next to ``xml`` (the steps run the
-  series' classes again and again).
+  Test classes (``file::Class`` ids, the PR-by-PR steps, which run the
+  series' classes again and again) run in one process with JAX's persistent
+  compilation cache next to ``xml``; whole suites, whose programs run once,
+  on two workers without it (writing every program to the cache costs more
+  than it saves).
   """
-  env = {**COMPILATION_CACHE, 'JAX_COMPILATION_CACHE_DIR': str(xml.parent / 'jax-cache')}
-  workers = ['-n', '2'] if _run([python, '-c', 'import xdist'], capture_output=True).returncode == 0 else []
-  _run([python, '-c', 'import flax; print("flax from", flax.__file__)'], cwd=tree)
+  whole = all('::' not in s for s in suites)
+  env = {} if whole else {
+      **COMPILATION_CACHE, 'JAX_COMPILATION_CACHE_DIR': str(xml.parent / 'jax-cache')}
+  workers = ['-n', '2'] if whole and _run(
+      [python, '-c', 'import xdist'], capture_output=True).returncode == 0 else []
+  if workers:  # python -m puts the tree first on sys.path: its flax is imported
+    _run([python, '-c', 'import flax; print("flax from", flax.__file__)'], cwd=tree)
   _run([python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *workers, '--tb=line',
         f'--junitxml={xml}', *suites], cwd=tree, env={**os.environ, **env})
   return _passed(xml)
-
-
 
 
 def _junit_id(nodeid: str) -> str:
