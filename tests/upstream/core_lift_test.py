@@ -658,12 +658,7 @@ class LiftTieTest(parameterized.TestCase):
     first, second = (b, a) if target_first else (a, b)
     return second(jnp.tanh(first(x, 3)), 3)
 
-  @staticmethod
-  def counter(scope, x):
-    count = scope.variable('state', 'count', jnp.zeros, ())
-    if scope.is_mutable_collection('state'):
-      count.value = 2 * count.value + 1
-    return nn.dense(scope, x, 3) * count.value
+  counter = staticmethod(TieScopeStateTest.counter)
 
   @staticmethod
   def masked(scope, x):
