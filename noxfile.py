@@ -85,10 +85,13 @@ CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 # the newest Flax. They take a third of our suite's time, so the matrix runs
 # them on the newest release only (the README run has them on its own).
 NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
+# The tie property test (tests/test_tie_properties.py) draws 8 examples; the
+# newest release's matrix session draws this many.
+NEWEST_PROPERTY_EXAMPLES = '40'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
-CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'tie-properties',
-               'upstream', 'docs', 'screenshots']
+CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'upstream', 'docs',
+               'screenshots']
 
 nox.options.sessions = ['tests']
 # uv makes each session's environment in seconds (pip takes about a minute for
@@ -185,7 +188,8 @@ def matrix(session, flax):
   # tests/distributed runs once, on the newest Flax (nox -s distributed).
   ignored = ['tests/distributed', *(NEWEST_ONLY if flax != NEWEST else ())]
   _pytest(session, 'ours', '--opted-out-too', *(f'--ignore={p}' for p in ignored),
-          '--tb=short', *session.posargs)
+          '--tb=short', *session.posargs,
+          env={'TIE_PROPERTY_EXAMPLES': NEWEST_PROPERTY_EXAMPLES} if flax == NEWEST else None)
   # Flax's own tests: pyproject.toml and tests/ of the sdist, so that they
   # import the installed Flax.
   checkout = harness.SDISTS / f'flax-{flax}'
@@ -247,15 +251,6 @@ def distributed(session):
   default_run = sorted(str(p) for p in (ROOT / 'tests' / 'distributed').glob('test_*.py'))
   _pytest(session, 'distributed', '-n', '0', 'tests/distributed/long', *default_run,
           *session.posargs)
-
-
-@nox.session(name='tie-properties', python=PYTHONS[NEWEST])
-def tie_properties(session):
-  """The tie property test (tests/test_tie_properties.py) with 40 examples."""
-  _fresh_reports(session)
-  _install(session, NEWEST, *_extra('test'))
-  _pytest(session, 'tie-properties', 'tests/test_tie_properties.py', '-n', '0',
-          *session.posargs, env={'TIE_PROPERTY_EXAMPLES': '40'})
 
 
 # -- patches/main: the upstream PR series (tools/upstream.py) -------------------

@@ -15,12 +15,16 @@
 """Shared test configuration: ``--opted-out-too``.
 
 ``pytest --opted-out-too`` runs the suite twice in one process: every test as
-usual (patched at import), and every test not marked ``needs_patch`` once more
-with the patch uninstalled (test id suffix ``[opted-out]``), which is what a
-user with ``FLAX_TIEEXT_AUTOPATCH=0`` runs: ``uninstall()`` restores Flax's
-exact original objects (tests/test_patch.py), and interpreters the test starts
-get ``FLAX_TIEEXT_AUTOPATCH=0``. The version matrix uses it to cover both
-modes with one collection, in one process per xdist worker.
+usual (patched at import), and every test once more with the patch uninstalled
+(test id suffix ``[opted-out]``), which is what a user with
+``FLAX_TIEEXT_AUTOPATCH=0`` runs: ``uninstall()`` restores Flax's exact
+original objects (tests/test_patch.py), and interpreters the test starts get
+``FLAX_TIEEXT_AUTOPATCH=0``. The version matrix uses it to cover both modes
+with one collection, in one process per xdist worker.
+
+Two markers leave a test's opted-out copy out: ``needs_patch`` (it relies on
+the patch), and ``own_patch_mode`` (everything it checks runs in interpreters
+whose ``FLAX_TIEEXT_AUTOPATCH`` it sets itself, so the copy would repeat it).
 """
 
 import pytest
@@ -33,7 +37,8 @@ OPTED_OUT = 'opted-out'
 def pytest_addoption(parser):
   parser.addoption(
       '--opted-out-too', action='store_true',
-      help='also run each test not marked needs_patch with the patch uninstalled',
+      help='also run each test not marked needs_patch or own_patch_mode with the patch'
+           ' uninstalled',
   )
 
 
@@ -46,18 +51,18 @@ def pytest_generate_tests(metafunc):
 def pytest_collection_modifyitems(config, items):
   if not config.getoption('opted_out_too'):
     return
-  def opted_out_but_needs_patch(item):
+  def left_out(item):
     callspec = getattr(item, 'callspec', None)
     return (
         callspec is not None
         and callspec.params.get('patch_mode') == OPTED_OUT
-        and item.get_closest_marker('needs_patch') is not None
+        and any(item.get_closest_marker(m) for m in ('needs_patch', 'own_patch_mode'))
     )
 
-  drop = [item for item in items if opted_out_but_needs_patch(item)]
+  drop = [item for item in items if left_out(item)]
   if drop:
     config.hook.pytest_deselected(items=drop)
-    items[:] = [item for item in items if not opted_out_but_needs_patch(item)]
+    items[:] = [item for item in items if not left_out(item)]
 
 @pytest.fixture
 def patch_mode(request, monkeypatch):

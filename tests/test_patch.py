@@ -110,6 +110,7 @@ def run_python(code, **env):
                         check=False)
 
 
+@pytest.mark.own_patch_mode
 def test_opt_out_with_environment_variable():
   result = run_python("""
       import flax.linen as nn
@@ -122,6 +123,7 @@ def test_opt_out_with_environment_variable():
   assert result.stdout.split() == ['False', 'False', 'True', 'True']
 
 
+@pytest.mark.own_patch_mode
 def test_import_patches_by_default():
   result = run_python("""
       import flax.linen as nn
@@ -133,6 +135,7 @@ def test_import_patches_by_default():
 
 
 
+@pytest.mark.own_patch_mode
 def test_nnx_remat_is_patched_when_the_program_imports_flax_nnx():
   # import flax_tieext does not import flax.nnx (Linen users pay nothing for
   # it); nnx.remat gains static_argnames whenever the program imports it,

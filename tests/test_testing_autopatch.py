@@ -22,6 +22,10 @@ import textwrap
 
 import pytest
 
+# Each test runs pytest in a fresh interpreter with FLAX_TIEEXT_AUTOPATCH=0.
+pytestmark = pytest.mark.own_patch_mode
+
+
 def _pytest(tmp_path, *args):
   env = dict(os.environ, FLAX_TIEEXT_AUTOPATCH='0', PYTHONPATH=str(tmp_path))
   return subprocess.run(
