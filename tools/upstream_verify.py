@@ -144,7 +144,7 @@ def step_by_step(dest: pathlib.Path, out: pathlib.Path, suites) -> list[str]:
       print(f'{patch.name}: no test file touched', flush=True)
       continue
     if patch == patches[-1] and all(
-        any(i.startswith(s.rstrip('/') + '/') or i.split('::')[0] == s for s in suites)
+        any(i.split('::')[0] == s or i.startswith(f'{s}/') for s in suites)
         for i in ids):
       print(f'{patch.name}: its {len(ids)} test classes run in the whole suites below',
             flush=True)
