@@ -134,13 +134,8 @@ def _missing_python(flax):
 
 # JAX's persistent compilation cache for every pytest run: the opted-out half
 # of our suite, the patched run of a library's own suite and releases that
-# share a JAX compile the same programs again (an entry is keyed by program,
-# JAX version and flags, so a hit is the program a miss would compile).
-COMPILATION_CACHE = {
-    'JAX_COMPILATION_CACHE_DIR': str(ROOT / '.nox' / '_jax_cache'),
-    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-}
+# share a JAX compile the same programs again.
+COMPILATION_CACHE = harness.compilation_cache(ROOT / '.nox' / '_jax_cache')
 
 
 def _pytest(session, run, *args, cwd=ROOT, env=None, **kwargs):

@@ -36,6 +36,20 @@ SDISTS = ROOT / '.nox' / '_sdists'
 SIMPLE_INDEX = 'https://pypi.org/simple/flax/'
 
 
+def compilation_cache(directory: pathlib.Path) -> dict[str, str]:
+  """The environment for JAX's persistent compilation cache in ``directory``.
+
+  Every program is written, however small or fast to compile: an entry is
+  keyed by program, JAX version and flags, so a hit is the program a miss
+  would compile.
+  """
+  return {
+      'JAX_COMPILATION_CACHE_DIR': str(directory),
+      'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+      'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+  }
+
+
 
 def find_python(version: str) -> str | None:
   """An interpreter of Python ``version`` (``'3.13'``) that runs, or None.

@@ -53,10 +53,6 @@ SUITES = ('tests/core', 'tests/linen')
 NNX_SUITE = 'tests/nnx/transforms_test.py'
 # A PR a maintainer can review in one sitting (docs/upstream_patches.md).
 MAX_ADDED = 500
-COMPILATION_CACHE = {
-    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-}
 
 
 def _run(cmd, cwd=None, **kw):
@@ -200,8 +196,7 @@ def pytest(python, tree: pathlib.Path, xml: pathlib.Path, suites=SUITES):
   than it saves).
   """
   whole = all('::' not in s for s in suites)
-  env = {} if whole else {
-      **COMPILATION_CACHE, 'JAX_COMPILATION_CACHE_DIR': str(xml.parent / 'jax-cache')}
+  env = {} if whole else harness.compilation_cache(xml.parent / 'jax-cache')
   workers = ['-n', '2'] if whole and _run(
       [python, '-c', 'import xdist'], capture_output=True).returncode == 0 else []
   if workers:  # python -m puts the tree first on sys.path: its flax is imported
