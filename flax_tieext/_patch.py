@@ -14,7 +14,12 @@
 
 """The monkeypatch: installs flax_tieext's transforms into Flax, reversibly.
 
-Every replaced attribute is listed once in :func:`_bindings`. ``install()``
+Every replaced attribute is listed once: in :func:`_bindings`, applied by
+``install()``, in :func:`_machinery_bindings` (the tie-aware ``Scope`` and
+``pack``), applied when the first tie is declared, and in ``_ON_IMPORT``
+(``nn.partitioning.remat``, ``nnx.remat``), applied when the program imports
+their modules. So a program that declares no tie runs Flax's own ``Scope``
+and imports nothing it did not import. ``install()``
 records the exact original object of each binding *on the Flax module that owns
 it*, so the record survives ``importlib.reload(flax_tieext)`` and a second
 ``install()`` is a no-op; ``uninstall()`` puts every original object back (or
@@ -99,22 +104,16 @@ def with_import(doc: str) -> str:
 def _bindings() -> list[_Binding]:
   """Every attribute the patch replaces, and how to build its replacement."""
   import flax.core as flax_core  # pylint: disable=g-import-not-at-top
-  import flax.core.scope as core_scope  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import flax.linen.partitioning as partitioning  # pylint: disable=g-import-not-at-top
   import flax.linen.transforms as linen_transforms  # pylint: disable=g-import-not-at-top
 
   from flax_tieext.core import lift  # pylint: disable=g-import-not-at-top
   from flax_tieext.core import tie_convert  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import tie_vars  # pylint: disable=g-import-not-at-top
   from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-  from flax_tieext.linen import partitioning as our_partitioning  # pylint: disable=g-import-not-at-top
   from flax_tieext import linen as our_linen  # pylint: disable=g-import-not-at-top
   from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
 
   use = _Use
-  Scope = core_scope.Scope  # pylint: disable=invalid-name
   return [
       # static_argnames: the transforms themselves.
       _Binding(_core_lift, 'checkpoint', use(lift.checkpoint)),
@@ -124,15 +123,33 @@ def _bindings() -> list[_Binding]:
       _Binding(linen_transforms, 'remat', use(transforms.remat)),
       _Binding(nn, 'checkpoint', use(transforms.checkpoint)),
       _Binding(nn, 'remat', use(transforms.remat)),
-      _Binding(partitioning, 'remat', use(our_partitioning.remat)),
-      # (nnx.remat: _nnx_bindings, once flax.nnx is imported.)
+      # (nn.partitioning.remat and nnx.remat: _ON_IMPORT, once imported.)
       # tie: the new transforms ...
       _Binding(_core_lift, 'tie', use(_guarded(lift.tie))),
       _Binding(linen_transforms, 'tie', use(our_linen.tie)),
       _Binding(nn, 'tie', use(our_linen.tie)),
       _Binding(flax_core, 'tie_variables', use(tie_convert.tie_variables)),
       _Binding(flax_core, 'untie_variables', use(tie_convert.untie_variables)),
-      # ... and the shared scope machinery they take part in.
+      # ... whose first declaration brings in the machinery below.
+      _Binding(ties, 'declare', _activating),
+  ]
+
+
+def _machinery_bindings() -> list[_Binding]:
+  """The shared scope machinery ties take part in, bound at the first tie.
+
+  Until a tie is declared no scope holds one, and every hook below would take
+  its untied path, Flax's own method: so it is not bound until then, and a
+  program that declares no tie runs Flax's own ``Scope`` and ``pack``.
+  """
+  import flax.core.scope as core_scope  # pylint: disable=g-import-not-at-top
+
+  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import tie_vars  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
+
+  Scope = core_scope.Scope  # pylint: disable=invalid-name
+  return [
       _Binding(_core_lift, '_partial_pack', tie_lift.tie_aware_partial_pack),
       # ... told what each released transform declares (upstream: its pack).
       _Binding(_core_lift, '_partial_pack', _compat.tie_sources_by_pack_name),
@@ -147,6 +164,34 @@ def _bindings() -> list[_Binding]:
   ]
 
 
+def _activating(declare):
+  """``ties.declare`` that binds the tie machinery first (once)."""
+  @functools.wraps(declare)
+  def declare_with_machinery(scope, ties):
+    _bind_machinery()
+    return declare(scope, ties)
+  return declare_with_machinery
+
+
+def _bind_machinery() -> None:
+  """Applies :func:`_machinery_bindings` to an installed patch, once."""
+  with _lock:
+    record = _state()
+    if record is None or any(attr == '_partial_pack'
+                             for _, attr, _ in record):
+      return
+    _apply(_machinery_bindings(), record)
+
+
+def _partitioning_bindings() -> list[_Binding]:
+  """``nn.partitioning.remat``."""
+  import flax.linen.partitioning as partitioning  # pylint: disable=g-import-not-at-top
+
+  from flax_tieext.linen import partitioning as ours  # pylint: disable=g-import-not-at-top
+
+  return [_Binding(partitioning, 'remat', _Use(ours.remat))]
+
+
 def _nnx_bindings() -> list[_Binding]:
   """``nnx.remat``, under every name Flax exports it by (none without NNX)."""
   aliases = _compat.nnx_facts()['NNX_REMAT_ALIASES']  # read before binding
@@ -156,15 +201,21 @@ def _nnx_bindings() -> list[_Binding]:
   return [_Binding(owner, attr, _Use(remat)) for owner, attr in aliases]
 
 
-class _BindNnxOnImport(importlib.abc.MetaPathFinder):
-  """Binds ``nnx.remat`` right after ``flax.nnx`` is imported.
+# Modules the patch does not import, each with its bindings, applied right
+# after the program imports it (or at install, if it already has): importing
+# them is slow (flax.nnx) or would change what Flax looks like
+# (flax.linen.partitioning is not an attribute of flax.linen until imported).
+_ON_IMPORT = {
+    'flax.linen.partitioning': _partitioning_bindings,
+    _compat.NNX: _nnx_bindings,
+}
 
-  The patch does not import ``flax.nnx`` itself: it takes longer to import
-  than ``flax.linen``, and Linen users need none of it.
-  """
+
+class _BindOnImport(importlib.abc.MetaPathFinder):
+  """Binds the bindings of a module of ``_ON_IMPORT`` right after its import."""
 
   def find_spec(self, fullname, path, target=None):
-    if fullname != _compat.NNX:
+    if fullname not in _ON_IMPORT:
       return None
     for finder in sys.meta_path:
       find = getattr(finder, 'find_spec', None)
@@ -179,30 +230,49 @@ class _BindNnxOnImport(importlib.abc.MetaPathFinder):
     def exec_module_then_bind(module):
       exec_module(module)
       try:
-        _bind_nnx()
-      except Exception as e:  # not an ImportError: flax.nnx did import
-        raise PatchError(f'flax_tieext could not patch nnx.remat: {e!r}') from e
+        _bind_imported(fullname)
+      except Exception as e:  # not an ImportError: the module did import
+        raise PatchError(
+            f'flax_tieext could not patch {fullname}: {e!r}') from e
 
     spec.loader.exec_module = exec_module_then_bind
     return spec
 
 
-def _nnx_hooks() -> list[Any]:
+def _import_hooks() -> list[Any]:
   # By class name, so that a hook of a reloaded copy of this module is found.
   return [f for f in sys.meta_path
-          if type(f).__name__ == _BindNnxOnImport.__name__]
+          if type(f).__name__ == _BindOnImport.__name__]
 
 
-def _bind_nnx() -> None:
-  """Applies the NNX bindings of an installed patch, once."""
+def _bind_imported(just_imported: str | None = None) -> None:
+  """Applies the bindings of each imported module of ``_ON_IMPORT``, once.
+
+  A binding already in the record of originals is not applied again; a
+  module still executing its own import (``flax.nnx`` importing
+  ``flax.linen.partitioning``) is bound when its import completes
+  (``just_imported``: the module whose ``exec_module`` just returned). The
+  import hook goes once every module is bound.
+  """
   with _lock:
     record = _state()
-    hooks = _nnx_hooks()
-    if record is None or not hooks:
+    if record is None:
       return
-    for hook in hooks:
-      sys.meta_path.remove(hook)
-    _apply(_nnx_bindings(), record)
+    imported = [name for name in _ON_IMPORT
+                if name == just_imported or _imported(name)]
+    for name in imported:
+      done = {(id(owner), attr) for owner, attr, _ in record}
+      _apply([b for b in _ON_IMPORT[name]()
+              if (id(b.owner), b.attr) not in done], record)
+    if len(imported) == len(_ON_IMPORT):
+      for hook in _import_hooks():
+        sys.meta_path.remove(hook)
+
+
+def _imported(name: str) -> bool:
+  module = sys.modules.get(name)
+  spec = getattr(module, '__spec__', None)
+  return module is not None and not getattr(spec, '_initializing', False)
 
 
 def missing_features() -> list[str]:
@@ -214,7 +284,7 @@ def missing_features() -> list[str]:
   """
   return [
       f'{getattr(b.owner, "__name__", b.owner)}.{b.attr}'
-      for b in _bindings()
+      for b in [*_bindings(), *_machinery_bindings()]
       if not isinstance(b.make, _Use)
       and _owner_dict_get(b.owner, b.attr) is _MISSING
   ]
@@ -256,9 +326,8 @@ def install() -> None:
     record = []
     _apply(_bindings(), record)
     setattr(_core_lift, _STATE_ATTR, record)
-    sys.meta_path.insert(0, _BindNnxOnImport())
-    if _compat.NNX in sys.modules:
-      _bind_nnx()
+    sys.meta_path.insert(0, _BindOnImport())
+    _bind_imported()
 
 
 def _apply(bindings: list[_Binding], record: list[tuple[Any, str, Any]]):
@@ -293,7 +362,7 @@ def uninstall() -> None:
       return
     _restore(record)
     delattr(_core_lift, _STATE_ATTR)
-    for hook in _nnx_hooks():
+    for hook in _import_hooks():
       sys.meta_path.remove(hook)
 
 

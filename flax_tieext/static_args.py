@@ -28,12 +28,17 @@ from typing import Any
 
 
 class StaticArgs:
-  """The static arguments of ``fn``, resolved once through its signature.
+  """The static arguments of ``fn``, resolved through its signature.
 
   Indices in ``static_argnums`` become parameter names where the signature
-  has them. :meth:`apply` splits each call into its static arguments, one
-  tuple for ``jax.checkpoint``'s ``static_argnums``, and the traced ones;
-  :meth:`merge` joins them again. An omitted argument keeps its default.
+  has them. :meth:`apply` splits each call into its static arguments and the
+  traced ones, and calls ``f(static, args, kwargs)``; :meth:`merge` joins
+  them again. An omitted argument keeps its default.
+
+  Nothing is resolved until the first call: as with ``jax.checkpoint``, a
+  mistake in ``static_argnums`` or ``static_argnames`` raises when the
+  function is called, never when it is wrapped, and a function without
+  static arguments is never inspected.
 
   Example::
 
@@ -41,10 +46,11 @@ class StaticArgs:
     >>> def f(x, mode='tanh'):
     ...   return jnp.tanh(x) if mode == 'tanh' else jax.nn.relu(x)
     >>> statics = StaticArgs(f, static_argnames='mode', supplies_first=False)
-    >>> def merged(static, args, kwargs):
-    ...   args, kwargs = statics.merge(static, args, kwargs)
-    ...   return f(*args, **kwargs)
-    >>> checkpointed = jax.checkpoint(merged, static_argnums=0)
+    >>> def checkpointed(static, args, kwargs):
+    ...   def merged(*args, **kwargs):  # the static values are closed over
+    ...     args, kwargs = statics.merge(static, args, kwargs)
+    ...     return f(*args, **kwargs)
+    ...   return jax.checkpoint(merged)(*args, **kwargs)
     >>> statics.apply(checkpointed, (-jnp.ones(2),), {'mode': 'relu'})
     Array([0., 0.], dtype=float32)
 
@@ -53,14 +59,16 @@ class StaticArgs:
     static_argnums: int or ints, positions of static arguments (the first
       argument the caller passes is ``first_index``). A negative index counts
       from the last positional parameter, or with ``*args`` from the last
-      argument of each call.
+      argument of each call. An index of a parameter the transform passes
+      itself (``self`` of ``nn.remat``, which counts it as 0) makes nothing
+      static, as in Flax.
     static_argnames: str or strs, names of static arguments.
     transform: the transform's name, for error messages.
     first_index: the index of the first argument the caller passes.
     supplies_first: whether the transform passes the first parameter of
       ``fn`` itself (a scope, ``self`` of a Linen method).
-    strict: whether an argument ``fn`` does not take raises here, else is
-      kept in ``unresolved`` (a transform of several methods needs it in one).
+    siblings: the other methods a transform of several methods wraps with
+      the same arguments: an argument need be a parameter of one of them.
   """
 
   def __init__(
@@ -72,20 +80,38 @@ class StaticArgs:
       transform: str = 'checkpoint',
       first_index: int = 0,
       supplies_first: bool = True,
-      strict: bool = True,
+      siblings: 'tuple[StaticArgs, ...]' = (),
   ):
+    self.fn, self.transform, self.first_index = fn, transform, first_index
+    self.supplies_first, self.siblings = supplies_first, siblings
+    # Read once: a generator given here is not consumed twice.
+    self.static_argnums = _once(static_argnums, int)
+    self.static_argnames = _once(static_argnames, str)
+    self.given = {'static_argnums': static_argnums,
+                  'static_argnames': static_argnames}
+    self._resolved = None
+
+  def _resolve(self):
+    """Binds the signature of ``fn`` and maps each argument to a parameter.
+
+    Raises the first mistake (a type, an index out of range, a name that is
+    not a parameter) as a ``TypeError`` or ``ValueError``, at each call.
+    """
+    if self._resolved is not None:
+      return
+    self._check_types()
     kind = inspect.Parameter
     try:
-      signature = inspect.signature(fn)
+      signature = inspect.signature(self.fn)
     except (TypeError, ValueError):  # a builtin: any arguments
       signature = inspect.signature(lambda *args, **kwargs: None)
     params = list(signature.parameters.values())
     self.leading = None
-    if supplies_first and params and params[0].kind <= kind.POSITIONAL_OR_KEYWORD:
+    if (self.supplies_first and params
+        and params[0].kind <= kind.POSITIONAL_OR_KEYWORD):
       self.leading = params.pop(0).name
-    name = getattr(fn, '__qualname__', None) or type(fn).__name__
+    name = getattr(self.fn, '__qualname__', None) or type(self.fn).__name__
     self.display = f'{name.split("<locals>.")[-1]}{signature}'
-    self.transform, self.first_index = transform, first_index
     self.signature = signature.replace(parameters=params)
     self.positional = [
         p.name for p in params if p.kind <= kind.POSITIONAL_OR_KEYWORD]
@@ -96,16 +122,35 @@ class StaticArgs:
     # (negative: from its end) -> the index given.
     self.names, self.positions, self.unresolved = {}, {}, {}
     for what, add, items in (
-        ('static_argnums', self._add_index, _tuple(static_argnums, int)),
-        ('static_argnames', self._add_name, _tuple(static_argnames, str)),
+        ('static_argnums', self._add_index, self.static_argnums),
+        ('static_argnames', self._add_name, self.static_argnames),
     ):
       for item in items:
         try:
           add(item)
         except ValueError as e:
           self.unresolved[what, item] = e
-    if strict and self.unresolved:
-      raise next(iter(self.unresolved.values()))
+    self._resolved = True
+    for key in self.unresolved:
+      for sibling in self.siblings:
+        sibling._resolve()  # pylint: disable=protected-access
+      if all(key in s.unresolved for s in self.siblings):
+        self._resolved = None
+        raise self._nowhere((self, *self.siblings), key)
+
+  def _check_types(self):
+    for name, value, one in (
+        ('static_argnums', self.static_argnums, int),
+        ('static_argnames', self.static_argnames, str),
+    ):
+      if not isinstance(value, tuple) or not all(
+          isinstance(x, one) for x in value):
+        raise TypeError(self._type_error(name, self.given[name]))
+
+  def _type_error(self, name, value):
+    what = 'an int or a sequence of ints' if name == 'static_argnums' else (
+        'a str or a sequence of str')
+    return f'{self.transform}: {name} must be {what}, got {value!r}.'
 
   @staticmethod
   def _nowhere(specs, key):
@@ -122,7 +167,7 @@ class StaticArgs:
       self.names.setdefault(self.positional[j], f'static_argnums index {i}')
     elif j >= n and self.var_positional:
       self.positions[j] = i
-    else:
+    elif not (j == -1 and self.leading is not None):  # `self`: passed anyway
       raise ValueError(self._index_error(i))
 
   def _add_name(self, name):
@@ -151,6 +196,9 @@ class StaticArgs:
 
   def split(self, args, kwargs):
     """``(static, args, kwargs)``: a call's static and traced arguments."""
+    if self.static_argnums == () and self.static_argnames == ():
+      return _NO_STATIC, args, kwargs
+    self._resolve()
     at = {i for i, name in enumerate(self.positional[:len(args)])
           if name in self.names}
     for j, i in self.positions.items():
@@ -172,6 +220,8 @@ class StaticArgs:
 
   def merge(self, static, args, kwargs):
     """The inverse of :meth:`split`: the ``(args, kwargs)`` of the call."""
+    if static is _NO_STATIC:
+      return args, kwargs
     positional, keyword = static
     args = list(args)
     for i, value in positional:
@@ -179,8 +229,21 @@ class StaticArgs:
     return tuple(args), {**kwargs, **dict(keyword)}
 
 
-def _tuple(x, one):
-  return (x,) if isinstance(x, one) else tuple(x)
+_NO_STATIC = ((), ())
+
+
+def _once(x, one):
+  """``x`` as a tuple (a single ``one`` is a 1-tuple), read once.
+
+  What cannot be read as a sequence is kept as given, for the type error at
+  the first call.
+  """
+  if isinstance(x, one):
+    return (x,)
+  try:
+    return tuple(x)
+  except TypeError:
+    return x
 
 
 # The plugin explains static-argument mistakes everywhere: its transforms

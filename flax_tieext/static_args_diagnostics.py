@@ -16,11 +16,14 @@
 
 :class:`DiagnosedStaticArgs` is :class:`flax.static_args.StaticArgs` with
 errors that teach: a name that is not a parameter gets the nearest one, an
-index out of range gets the signature numbered as the transform counts, an
-array for a static argument names the flag that was probably meant, a ``str``
-for a traced argument names the fix, and a JAX concretization error raised
-because a Python flag was traced gets a note naming it. Nothing else changes:
-the same arguments are static and the same calls work.
+index out of range gets the signature numbered as the transform counts. Those
+raise at the first call, as ``jax.checkpoint``'s own do. Everything else is a
+note on an error that happens anyway, which keeps its type: a JAX
+concretization error raised because a Python flag was traced names it (and an
+array in a static slot, the flag that was probably meant), a ``str`` in a
+traced argument names the fix, ``@nn.compact`` above the transform says to
+swap them. Nothing else changes: the same arguments are static and every call
+Flax accepts works.
 """
 
 # pylint: disable=g-importing-member,unused-import
@@ -29,6 +32,7 @@ import re
 
 import jax
 
+from flax import errors as flax_errors
 from flax_tieext import static_args
 # pylint: enable=g-importing-member,unused-import
 
@@ -92,36 +96,14 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
     **kwargs: as for :class:`StaticArgs`.
   """
 
-  def __init__(self, fn, static_argnums=(), static_argnames=(), **kwargs):
-    transform = kwargs.get('transform', 'checkpoint')
-    for value, one, what in (
-        (static_argnums, int, 'an int or a sequence of ints'),
-        (static_argnames, str, 'a str or a sequence of str'),
-    ):
-      if not isinstance(value, one):
-        try:
-          ok = all(isinstance(x, one) for x in value)
-        except TypeError:
-          ok = False
-        if not ok:
-          name = 'static_argnums' if one is int else 'static_argnames'
-          raise TypeError(
-              f'{transform}: {name} must be {what}, got {value!r}.'
-              + (' To make arguments static by name, use static_argnames.'
-                 if one is int else ''))
-    super().__init__(fn, static_argnums, static_argnames, **kwargs)
+  def _type_error(self, name, value):
+    return super()._type_error(name, value) + (
+        ' To make arguments static by name, use static_argnames.'
+        if name == 'static_argnums' else '')
 
-  # -- wrap time --------------------------------------------------------------
+  # -- the arguments given --------------------------------------------------
 
   def _index_error(self, i):
-    j = len(self.positional) + i if i < 0 else i - self.first_index
-    if j == -1 and self.first_index == 1 and self.leading is not None:
-      return (
-          f'{self.transform}: static_argnums index {i} refers to'
-          f' `{self.leading}` of {self.display}, which the transform passes'
-          ' on by itself and cannot be static.\n'
-          + self._numbering() + self._name_it_instead()
-      )
     return super()._index_error(i) + '\n' + self._numbering() + (
         self._name_it_instead())
 
@@ -329,12 +311,16 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
     items += [(k, v, self.names.get(k)) for k, v in kwargs.items()]
     return items
 
-  def _check_static(self, label, value, origin, received):
-    """Rejects arrays, which JAX cannot specialize on, as static values."""
+  def _static_array_advice(self, label, value, origin, received):
+    """Why an array in a static slot is the likely mistake, or None.
+
+    An array is a valid static value (it is closed over, as in Flax); it is
+    named only in a note on an error that happens anyway.
+    """
     array = next(
         (x for x in jax.tree_util.tree_leaves(value) if _is_array(x)), None)
     if array is None:
-      return
+      return None
     meant = self._probable_flag(label, received)
     if isinstance(array, jax.core.Tracer) and not array.shape:
       # A flag traced by a transform around this one (an outer jax.jit):
@@ -373,45 +359,82 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
           f'Did you mean `{meant}`?{by_index} Naming it avoids counting:'
           f' static_argnames={meant!r}.'
       )
-    raise ValueError(
+    return (
         f'{self.transform}: `{label}` of {self.display} is static ({origin}),'
-        f' but it received {_describe_array(array)}. A static argument is a'
-        ' Python value the function is specialized on, such as a flag or a'
-        ' mode string; it cannot be an array.\n'
+        f' but it received {_describe_array(array)}. A static argument is'
+        ' usually a Python value the function is specialized on, such as a'
+        ' flag or a mode string.\n'
         + (self._numbering(mark=label) if origin != 'static_argnames' else '')
         + advice
     )
 
-  def split(self, args, kwargs):
-    static, dynamic_args, dynamic_kwargs = super().split(args, kwargs)
-    items = self._items(args, kwargs, static)
-    received = None
-    for label, value, origin in items:
-      if origin is not None:
-        received = received or self._received(args, kwargs)
-        self._check_static(label, value, origin, received)
-    strings = [
-        label for label, value, origin in items
-        if origin is None and _has_str(value)
-    ]
-    if strings:
-      raise TypeError(
-          f'{self.transform}: {_or_list(strings)} of {self.display}'
-          f' received a str, which JAX cannot trace. Make'
-          f' {"it" if len(strings) == 1 else "them"} static:'
-          f' {self._make_static(strings)}.'
-      )
-    return static, dynamic_args, dynamic_kwargs
+  # -- notes on errors that happen anyway ---------------------------------------
+  # Nothing here refuses a call that Flax accepts: each handler adds a note to
+  # an error JAX or Flax raised, which keeps its type.
 
   def apply(self, f, args, kwargs):
+    static, dynamic_args, dynamic_kwargs = self.split(args, kwargs)
     try:
-      return super().apply(f, args, kwargs)
+      return f(static, dynamic_args, dynamic_kwargs)
     except (jax.errors.ConcretizationTypeError,
             jax.errors.TracerIntegerConversionError) as e:
       # A traced flag in `if` (ConcretizationTypeError), a traced count in
       # `range(n)` (TracerIntegerConversionError).
       self._explain_concretization_error(e, args, kwargs)
       raise
+    except TypeError as e:
+      _add_note(e, self._str_note(args, kwargs))
+      raise
+    except ValueError as e:
+      # An array in a static slot used in Python control flow.
+      if 'truth value of an array' in str(e):
+        self._note_static_arrays(e, args, kwargs)
+      raise
+    except flax_errors.AssignSubModuleError as e:
+      _add_note(e, self._compact_note())
+      raise
+
+  def _note_static_arrays(self, error, args, kwargs):
+    """Notes each static argument that received an array; the call's statics."""
+    self._resolve()
+    static = super().split(args, kwargs)[0]
+    received = self._received(args, kwargs)
+    for label, value, origin in self._items(args, kwargs, static):
+      if origin is not None:
+        _add_note(error, self._static_array_advice(
+            label, value, origin, received))
+    return static
+
+  def _str_note(self, args, kwargs):
+    """Names the traced arguments that hold a str (JAX cannot trace one)."""
+    self._resolve()
+    static = super().split(args, kwargs)[0]
+    strings = [
+        label for label, value, origin in self._items(args, kwargs, static)
+        if origin is None and _has_str(value)
+    ]
+    if not strings:
+      return None
+    return (
+        f'{self.transform}: {_or_list(strings)} of {self.display}'
+        f' received a str, which JAX cannot trace. Make'
+        f' {"it" if len(strings) == 1 else "them"} static:'
+        f' {self._make_static(strings)}.'
+    )
+
+  def _compact_note(self):
+    """``@nn.compact`` above the transform marks the transform's wrapper."""
+    decorated = getattr(self, 'decorated', None)
+    if not getattr(decorated, 'compact', False) or getattr(
+        self.fn, 'compact', False):
+      return None
+    name = self.transform.split()[0]
+    return (
+        f'{self.transform}: {getattr(self.fn, "__qualname__", "the method")}'
+        f' is decorated with @nn.compact above @{name}(...). A lifted'
+        ' transform wraps the compact method: swap the two decorators,\n'
+        f'  @{name}(...)\n  @nn.compact\n  def __call__(self, ...): ...'
+    )
 
   def _explain_concretization_error(self, error, args, kwargs):
     """Adds to a JAX concretization error which arguments were traced.
@@ -426,7 +449,7 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
       args: the positional arguments of the call.
       kwargs: the keyword arguments of the call.
     """
-    static = super().split(args, kwargs)[0]
+    static = self._note_static_arrays(error, args, kwargs)
     scalars = [
         (label, value) for label, value, origin in self._items(
             args, kwargs, static)
@@ -464,9 +487,16 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
           f' In the numbering of {self.transform}, `{labels[0]}` is'
           f' static_argnums={index}.' if index is not None else ''
       )
-    if hasattr(error, 'add_note'):
-      if note not in getattr(error, '__notes__', ()):
-        error.add_note(note)
-    elif error.args and isinstance(error.args[0], str):
-      if note not in error.args[0]:
-        error.args = (f'{error.args[0]}\n\n{note}',) + error.args[1:]
+    _add_note(error, note)
+
+
+def _add_note(error, note):
+  """Adds ``note`` to ``error`` once (into its message before Python 3.11)."""
+  if note is None:
+    return
+  if hasattr(error, 'add_note'):
+    if note not in getattr(error, '__notes__', ()):
+      error.add_note(note)
+  elif error.args and isinstance(error.args[0], str):
+    if note not in error.args[0]:
+      error.args = (f'{error.args[0]}\n\n{note}',) + error.args[1:]

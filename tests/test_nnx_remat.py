@@ -208,9 +208,17 @@ def test_uninstall_gives_back_flax_nnx_remat():
 # -- errors: what the Linen transforms say, in nnx.remat's terms --------------
 
 
-def test_misspelled_name_is_refused_with_the_parameter_it_meant():
+def _full_message(e):
+  """What a user sees: the message and any notes."""
+  return '\n'.join([str(e.value), *getattr(e.value, '__notes__', ())])
+
+
+def test_misspelled_name_is_refused_at_the_call_with_the_parameter_it_meant():
+  # As jax.checkpoint's own checks: at the call, not when wrapping (a
+  # library may define remat variants it never calls).
+  rematted = remat(forward, static_argnames='determinstic')
   with pytest.raises(ValueError) as e:
-    remat(forward, static_argnames='determinstic')
+    rematted(MLP(nnx.Rngs(0)), X)
   message = str(e.value)
   assert 'nnx.remat' in message and "'determinstic'" in message
   assert "'deterministic'" in message  # the near match
@@ -218,8 +226,9 @@ def test_misspelled_name_is_refused_with_the_parameter_it_meant():
 
 
 def test_out_of_range_index_shows_the_numbering_with_model_as_zero():
+  rematted = remat(forward, static_argnums=4)
   with pytest.raises(ValueError) as e:
-    remat(forward, static_argnums=4)
+    rematted(MLP(nnx.Rngs(0)), X)
   message = str(e.value)
   assert 'static_argnums index 4' in message
   lines = message.splitlines()
@@ -228,10 +237,19 @@ def test_out_of_range_index_shows_the_numbering_with_model_as_zero():
   assert 'static_argnames=' in message
 
 
-def test_array_for_a_static_argument_names_it():
+def test_array_for_a_static_argument_fails_as_in_flax_and_is_named():
+  # An array is a valid static value; used as a flag it fails as it does
+  # without remat, and the note names the static argument.
   rematted = remat(forward, static_argnames='deterministic')
-  with pytest.raises(ValueError, match='deterministic'):
-    rematted(MLP(nnx.Rngs(0)), X, jnp.ones((2,)))
+  flag = jnp.ones((2,))
+  with pytest.raises(ValueError) as plain:
+    forward(MLP(nnx.Rngs(0)), X, flag)
+  with pytest.raises(ValueError) as e:
+    rematted(MLP(nnx.Rngs(0)), X, flag)
+  assert str(e.value).split('\n')[0] == str(plain.value).split('\n')[0]
+  message = _full_message(e)
+  assert '`deterministic` of forward(' in message
+  assert 'array of shape (2,)' in message
 
 
 def test_traced_flag_error_says_which_argument_to_make_static():

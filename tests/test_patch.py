@@ -13,6 +13,8 @@ import flax.core.scope
 import flax.linen as nn
 import flax.linen.partitioning
 import flax.linen.transforms
+import jax
+import jax.numpy as jnp
 import pytest
 
 import flax_tieext
@@ -23,7 +25,9 @@ from flax_tieext import _patch
 
 def _targets():
   """(owner, attribute) of every binding of the patch (flax_tieext._patch)."""
-  return [(b.owner, b.attr) for b in _patch._bindings()]  # pylint: disable=protected-access
+  bindings = [*_patch._bindings(), *_patch._machinery_bindings(),  # pylint: disable=protected-access
+              *_patch._partitioning_bindings()]  # pylint: disable=protected-access
+  return list(dict.fromkeys((b.owner, b.attr) for b in bindings))
 
 
 def snapshot():
@@ -46,6 +50,7 @@ def originals():
 
 def test_uninstall_restores_the_exact_original_objects(originals):
   flax_tieext.install()
+  _declare_a_tie()  # binds the Scope machinery too
   assert flax_tieext.is_installed()
   assert nn.tie is flax_tieext.linen.tie
   assert nn.remat is flax_tieext.linen.remat
@@ -73,14 +78,62 @@ def test_install_twice_is_a_no_op(originals):
 
 def test_reload_keeps_one_installation(originals):
   flax_tieext.install()
+  _declare_a_tie()
   installed = snapshot()
   importlib.reload(flax_tieext)
   assert flax_tieext.is_installed()
+  _declare_a_tie()
   assert snapshot() == installed  # the Scope hooks are not wrapped twice
   hook = flax.core.scope.Scope.push
   assert hook.__wrapped__ is originals[(id(flax.core.scope.Scope), 'push')]
   flax_tieext.uninstall()
   assert snapshot() == originals
+
+
+def _declare_a_tie():
+  """Declares a tie, which binds the tie machinery (Scope, pack)."""
+
+  class Pair(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2, name='b')(nn.Dense(2, name='a')(x))
+
+  nn.tie(Pair, {'b': 'a'})().init(jax.random.key(0), jnp.ones((1, 2)))
+
+
+@pytest.mark.own_patch_mode
+def test_scope_machinery_is_bound_at_the_first_tie_only():
+  # A program that declares no tie runs Flax's own Scope and pack, and
+  # imports nothing it did not import (nn.partitioning is bound on import).
+  result = run_python("""
+      import sys
+      import flax.core.lift, flax.core.scope, flax.linen as nn
+      before = (flax.core.scope.Scope.push, flax.core.lift._partial_pack)
+      import flax_tieext
+      import jax, jax.numpy as jnp
+      class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+          return nn.remat(nn.Dense)(2)(x)
+      M().init(jax.random.key(0), jnp.ones((1, 2)))
+      print((flax.core.scope.Scope.push, flax.core.lift._partial_pack) == before,
+            'flax.linen.partitioning' in sys.modules, hasattr(nn, 'partitioning'))
+      class Pair(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+          return nn.Dense(2, name='b')(nn.Dense(2, name='a')(x))
+      nn.tie(Pair, {'b': 'a'})().init(jax.random.key(0), jnp.ones((1, 2)))
+      print(flax.core.scope.Scope.push.__wrapped__ is before[0])
+      import flax.linen.partitioning
+      print(nn.partitioning.remat is flax_tieext.linen.partitioning.remat)
+      flax_tieext.uninstall()
+      print((flax.core.scope.Scope.push, flax.core.lift._partial_pack) == before,
+            nn.partitioning.remat is flax_tieext.linen.partitioning.remat)
+  """, FLAX_TIEEXT_AUTOPATCH='1')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == [
+      'True', 'False', 'False', 'True', 'True', 'True', 'False']
 
 
 def test_install_refuses_a_flax_it_cannot_patch(originals, monkeypatch):

@@ -63,13 +63,20 @@ def _assert_numbered(message, rows):
         index, text, message)
 
 
-# -- at wrap time --------------------------------------------------------------
+# -- mistakes in the arguments: at the first call, as jax.checkpoint's -------
+# Wrapping never fails (a library may define remat variants it never calls, as
+# on plain Flax); the first call raises, naming the parameter.
+
+
+def _init(remat, *args):
+  return remat().init(jax.random.key(0), X, *args)
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_unknown_name_lists_parameters_and_nearest_match(entry):
+  remat = entry()(MLP, static_argnames='determinstic')  # wrapping works
   with pytest.raises(ValueError) as excinfo:
-    entry()(MLP, static_argnames='determinstic')  # raised when wrapping
+    _init(remat)
   message = _message(excinfo)
   assert "'determinstic'" in message
   assert 'MLP.__call__(self, x, deterministic=False)' in message
@@ -78,21 +85,24 @@ def test_unknown_name_lists_parameters_and_nearest_match(entry):
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
-def test_unknown_name_in_decorator_form_fails_at_class_definition(entry):
+def test_unknown_name_in_decorator_form_fails_at_the_first_call(entry):
+
+  class Decorated(nn.Module):  # defining the class works, as on plain Flax
+
+    @entry()(static_argnames='determinstc')
+    @nn.compact
+    def __call__(self, x, deterministic=False):
+      return x
+
   with pytest.raises(ValueError, match="Did you mean static_argnames='deterministic'"):
-
-    class Decorated(nn.Module):  # pylint: disable=unused-variable
-
-      @entry()(static_argnames='determinstc')
-      @nn.compact
-      def __call__(self, x, deterministic=False):
-        return x
+    Decorated().init(jax.random.key(0), X)
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF)
 def test_index_out_of_range_shows_numbering_with_self(entry):
+  remat = entry()(MLP, static_argnums=3)
   with pytest.raises(ValueError) as excinfo:
-    entry()(MLP, static_argnums=3)
+    _init(remat)
   message = _message(excinfo)
   assert 'index 3 is out of range' in message
   assert 'counts `self` as 0' in message
@@ -104,8 +114,9 @@ def test_index_out_of_range_shows_numbering_with_self(entry):
 
 @pytest.mark.parametrize('entry', SKIPS_SELF)
 def test_index_out_of_range_shows_numbering_without_self(entry):
+  remat = entry()(MLP, static_argnums=2)
   with pytest.raises(ValueError) as excinfo:
-    entry()(MLP, static_argnums=2)
+    _init(remat)
   message = _message(excinfo)
   assert 'nn.partitioning.remat' in message
   assert 'does not count `self`' in message
@@ -115,23 +126,32 @@ def test_index_out_of_range_shows_numbering_without_self(entry):
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF)
-def test_index_of_self_cannot_be_static(entry):
-  with pytest.raises(ValueError, match='refers to `self`'):
-    entry()(MLP, static_argnums=0)
+def test_index_of_self_makes_nothing_static_as_in_flax(entry):
+  # nn.remat counts `self` as 0; Flax accepts static_argnums=0 (the module is
+  # passed on by the transform anyway), and so do we: the same results.
+  variables = nn.Dense(4).init(jax.random.key(0), X)
+  remat = entry()(nn.Dense, static_argnums=0)
+  assert jnp.array_equal(remat(4).apply(variables, X),
+                         nn.Dense(4).apply(variables, X))
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_self_cannot_be_named(entry):
+  remat = entry()(MLP, static_argnames='self')
   with pytest.raises(ValueError, match="contains 'self'"):
-    entry()(MLP, static_argnames='self')
+    _init(remat)
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF)
 def test_static_argnums_of_wrong_type(entry):
-  with pytest.raises(TypeError, match='static_argnums must be an int'):
-    entry()(MLP, static_argnums='deterministic')
-  with pytest.raises(TypeError, match='static_argnames must be a str'):
-    entry()(MLP, static_argnames=2)
+  for kwargs, error in (
+      ({'static_argnums': 'deterministic'}, 'static_argnums must be an int'),
+      ({'static_argnums': None}, 'static_argnums must be an int'),
+      ({'static_argnames': 2}, 'static_argnames must be a str'),
+  ):
+    remat = entry()(MLP, **kwargs)  # wrapping works
+    with pytest.raises(TypeError, match=error):
+      _init(remat)
 
 
 class TwoMethods(nn.Module):
@@ -146,17 +166,20 @@ class TwoMethods(nn.Module):
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_methods_list_name_must_exist_in_some_method(entry):
-  entry()(TwoMethods, static_argnames='mode', methods=['__call__', 'encode'])
+  remat = entry()(TwoMethods, static_argnames='mode', methods=['__call__', 'encode'])
+  remat().init(jax.random.key(0), X)  # `mode` is a parameter of encode
+  remat = entry()(TwoMethods, static_argnames='mdoe', methods=['__call__', 'encode'])
   with pytest.raises(ValueError, match="Did you mean static_argnames='mode'"):
-    entry()(TwoMethods, static_argnames='mdoe', methods=['__call__', 'encode'])
+    remat().init(jax.random.key(0), X)
 
 
 def test_lift_unknown_name_lists_parameters():
   def fn(scope, x, *, train=False):
     return x
 
+  rematted = ext_lift.checkpoint(fn, static_argnames='trian')
   with pytest.raises(ValueError) as excinfo:
-    ext_lift.checkpoint(fn, static_argnames='trian')
+    flax.core.init(rematted)(jax.random.key(0), X)
   message = _message(excinfo)
   assert 'lift.checkpoint' in message
   assert "Did you mean static_argnames='train'?" in message
@@ -167,8 +190,9 @@ def test_lift_index_out_of_range_counts_from_after_scope():
   def fn(scope, x, train=False):
     return x
 
+  rematted = ext_lift.checkpoint(fn, static_argnums=2)
   with pytest.raises(ValueError) as excinfo:
-    ext_lift.checkpoint(fn, static_argnums=2)
+    flax.core.init(rematted)(jax.random.key(0), X)
   message = _message(excinfo)
   assert 'does not count `scope`' in message
   _assert_numbered(message, [('0 | -2', 'x'), ('1 | -1', 'train=False')])
@@ -182,7 +206,7 @@ def test_off_by_one_index_names_hit_and_meant_parameters(entry):
   # Field failure: static_argnums=1 with nn.remat makes `x` static (self is
   # 0) and then fails with TracerBoolConversionError on `deterministic`.
   remat = entry()(MLP, static_argnums=1)
-  with pytest.raises(ValueError) as excinfo:
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
     remat().init(jax.random.key(0), X, True)
   message = _message(excinfo)
   assert '`x` of MLP.__call__(self, x, deterministic=False) is static' in message
@@ -198,7 +222,7 @@ def test_off_by_one_in_partitioning_numbering(entry):
   # Counting self in nn.partitioning.remat: 1 means deterministic there, so
   # the classic mistake is 0.
   remat = entry()(MLP, static_argnums=0)
-  with pytest.raises(ValueError) as excinfo:
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
     remat().init(jax.random.key(0), X, True)
   message = _message(excinfo)
   assert '`x` of MLP.__call__' in message
@@ -220,7 +244,7 @@ class Block(nn.Module):
 
 def test_openpi_off_by_one_with_array_names_both_parameters():
   remat = ext_nn.remat(Block, static_argnums=(5,))
-  with pytest.raises(ValueError) as excinfo:
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
     remat().init(jax.random.key(0), X[:, :2].repeat(2, 1), None, None, None,
                  jnp.ones((2, 4)), True)
   message = _message(excinfo)
@@ -279,12 +303,21 @@ def test_str_to_traced_argument_names_it(entry):
   assert "static_argnames='mode'" in message
 
 
-def test_lift_array_in_static_slot_suggests_the_flag():
-  def fn(scope, x, train=False):
+def test_lift_array_in_static_slot_is_accepted_and_named_when_a_flag_fails():
+  # An array is a valid static value (closed over, as Flax accepts it) ...
+  def identity(scope, x, train=False):
     return x
 
+  rematted = ext_lift.checkpoint(identity, static_argnums=0)
+  y, _ = flax.core.init(rematted)(jax.random.key(0), X, True)
+  assert jnp.array_equal(y, X)
+
+  # ... and named when the traced flag it displaced fails.
+  def fn(scope, x, train=False):
+    return x * 2 if train else x
+
   rematted = ext_lift.checkpoint(fn, static_argnums=0)
-  with pytest.raises(ValueError) as excinfo:
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
     flax.core.init(rematted)(jax.random.key(0), X, True)
   message = _message(excinfo)
   assert '`x` of fn(scope, x, train=False) is static' in message
@@ -323,10 +356,17 @@ class Masked(nn.Module):
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
-def test_named_static_array_says_to_remove_it(entry):
+def test_named_static_array_works_as_in_flax_and_is_named_when_it_fails(entry):
+  # A static array is accepted (Flax's remat accepts it too) ...
   remat = entry()(Masked, static_argnames='mask')
-  with pytest.raises(ValueError) as excinfo:
-    remat().init(jax.random.key(0), X, X)
+  rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+  variables = remat().init(rngs, X, X)
+  dropout = {'dropout': jax.random.key(2)}
+  assert jnp.array_equal(remat().apply(variables, X, X, rngs=dropout),
+                         Masked().apply(variables, X, X, rngs=dropout))
+  # ... and named in the note when the traced flag beside it fails.
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
+    remat().init(rngs, X, X, True)
   message = _message(excinfo)
   assert '`mask` of Masked.__call__' in message
   assert 'Remove `mask` from static_argnames' in message
@@ -411,11 +451,17 @@ def test_str_in_traced_argument_fix_works_next_to_existing_names(entry, first_in
 
 @pytest.mark.parametrize('entry, first_index', ENTRIES)
 def test_scalar_array_in_static_slot_fix_pass_python_value_works(entry, first_index):
+  # A concrete scalar array is a valid static value (Flax accepts it) ...
   remat = entry(MLP, static_argnames='deterministic')
-  with pytest.raises(ValueError) as excinfo:
-    remat().init(jax.random.key(0), X, jnp.array(True))
-  assert '`deterministic=True`, not `jnp.array(True)`' in _message(excinfo)
+  variables = remat().init(jax.random.key(0), X, jnp.array(True))
+  assert jnp.array_equal(remat().apply(variables, X, jnp.array(True)),
+                         MLP().apply(variables, X, True))
   _assert_matches_plain(MLP, remat, (True,), {})
+  # ... and when it fails (traced by a jit around it), the note says to pass
+  # a Python value.
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
+    jax.jit(lambda v, d: remat().apply(v, X, d))(variables, jnp.array(True))
+  assert '`deterministic=True`' in _message(excinfo)
 
 
 @pytest.mark.parametrize('entry, first_index', ENTRIES)
@@ -426,7 +472,7 @@ def test_flag_traced_by_outer_jit_names_the_outer_jit(entry, first_index):
   def train_step(variables, x, deterministic):
     return remat().apply(variables, x, deterministic)
 
-  with pytest.raises(ValueError) as excinfo:
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
     jax.jit(train_step)(variables, X, True)
   message = _message(excinfo)
   assert "jax.jit(train_step, static_argnames='deterministic')" in message

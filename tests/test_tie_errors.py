@@ -5,6 +5,7 @@ was declared, and (for a path that does not exist) the nearest existing names.
 """
 
 import flax.linen as nn
+import flax.linen.partitioning  # pylint: disable=unused-import
 import jax
 import jax.numpy as jnp
 import pytest
@@ -245,15 +246,56 @@ def inner_tie_model(transform):
   return Model
 
 
-def test_write_through_inner_tie_under_remat_says_declare_at_ancestor():
-  model = inner_tie_model(nn.remat)()
-  variables = model.init(jax.random.key(0), X)
-  assert list(variables['state']) == ['block_0']
+@pytest.mark.parametrize('transform', [nn.remat, nn.partitioning.remat],
+                         ids=['nn.remat', 'nn.partitioning.remat'])
+def test_inner_tie_under_remat_says_declare_at_ancestor(transform):
+  # A tie declared inside a lifted transform reaches only the paths inside
+  # it: its source outside was not lifted (nothing was tied when the
+  # transform packed its scopes), under every transform as under nn.jit.
+  model = inner_tie_model(transform)()
   with pytest.raises(TieError) as info:
-    model.apply(variables, X, mutable=['state'])
+    model.init(jax.random.key(0), X)
   message = str(info.value)
-  assert 'cannot land' in message and '/block_0/c' in message
+  assert 'declared inside' in message and '/block_0/c' in message
   assert 'common ancestor' in message and 'remat' in message
+
+
+def test_inner_tie_is_refused_also_when_another_tie_is_in_force():
+  # The same rule when the transform packed with a tie in force (and so
+  # could reach outside): one rule, whatever else is tied.
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x = Counter(name='b')(Counter(name='a')(x))
+      block_cls = nn.remat(InnerBlock)
+      x = block_cls(name='block_0')(x)
+      return block_cls(source='/block_0/c', name='block_1')(x)
+
+  model = nn.tie(Model, {'b': 'a'}, collections='state')()
+  with pytest.raises(TieError) as info:
+    model.init(jax.random.key(0), X)
+  message = str(info.value)
+  assert 'declared inside' in message and '/block_0/c' in message
+
+
+def test_inner_tie_declared_at_the_common_ancestor_works():
+  # The fix the message gives.
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      block_cls = nn.remat(InnerBlock)
+      x = block_cls(name='block_0')(x)
+      return block_cls(name='block_1')(x)
+
+  tied = nn.tie(Model, {'block_1/c': 'block_0/c'}, collections='state')()
+  variables = tied.init(jax.random.key(0), X)
+  assert list(variables['state']) == ['block_0']
+  _, updated = tied.apply(variables, X, mutable=['state'])
+  assert list(updated['state']) == ['block_0']
 
 
 def test_inner_tie_under_jit_is_refused_not_stale():

@@ -140,22 +140,21 @@ def _checkpoint(
           " https://docs.jax.dev/en/latest/jep/11830-new-remat-checkpoint.html"
       )
 
-    @functools.partial(
-      jax.remat,
-      static_argnums=(2,),
-      prevent_cse=prevent_cse,
-      policy=policy,
-    )
-    @functools.wraps(fn)
-    def rematted(variable_groups, rng_groups, static, args, kwargs):
-      args, kwargs = statics.merge(static, args, kwargs)
-      scope = scope_fn(variable_groups, rng_groups)
-      y = fn(scope, *args, **kwargs)
-      return y, repack_fn(scope)
+    def remat_call(static, args, kwargs):
+      # The static values are closed over, as core_remat_static does: any
+      # value is accepted, and nothing of this call outlives it (JAX's
+      # static_argnums would keep it in a cache).
+      @functools.partial(jax.remat, prevent_cse=prevent_cse, policy=policy)
+      @functools.wraps(fn)
+      def rematted(variable_groups, rng_groups, *args, **kwargs):
+        args, kwargs = statics.merge(static, args, kwargs)
+        scope = scope_fn(variable_groups, rng_groups)
+        y = fn(scope, *args, **kwargs)
+        return y, repack_fn(scope)
 
-    return statics.apply(
-      functools.partial(rematted, variable_groups, rng_groups), args, kwargs
-    )
+      return rematted(variable_groups, rng_groups, *args, **kwargs)
+
+    return statics.apply(remat_call, args, kwargs)
 
   return pack(
     inner,

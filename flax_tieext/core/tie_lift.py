@@ -223,18 +223,10 @@ def tie_aware_partial_pack(original):
                     rng_filters, name=None, tie_sources=None):
     scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
     if not any(TIES_FLAG in s.flags for s in scopes):
-      # Flax's own packing; its inner roots only learn where they stand, for
-      # a tie declared inside the transform.
-      scope_fn, *rest = original(scope_tree, in_variable_filters,
-                                 out_variable_filters, rng_filters, name)
-
-      def linked_scope_fn(*args, **kwargs):
-        inner = scope_fn(*args, **kwargs)
-        _link(scopes, treedef.flatten_up_to(inner), name, tie_sources,
-              [(False, None)] * len(scopes))
-        return inner
-
-      return (linked_scope_fn, *rest)
+      # Flax's own packing, and nothing of ties in its inner scopes: a tie
+      # declared inside the transform reaches only what is inside it.
+      return original(scope_tree, in_variable_filters, out_variable_filters,
+                      rng_filters, name)
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
         scope._collection(col)  # pylint: disable=protected-access

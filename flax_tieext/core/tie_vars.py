@@ -43,8 +43,9 @@ from flax_tieext.core.ties import (
     held_elsewhere,
     reach,
     read_only,
-    refuse_stale,
+    refuse_declared_inside,
     ties_in_force,
+    unreachable,
 )
 
 
@@ -106,13 +107,15 @@ class _TiedCollection(MutableMapping):
     parent, crossed = reach(scope, tie.source[:-1])
     node = None if parent is None else parent._collection(col)  # pylint: disable=protected-access
     found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
-    if parent is None or isinstance(found, Mapping):
+    if parent is None:
+      raise unreachable(scope, tie, col)
+    if isinstance(found, Mapping):
       return None  # a submodule: its own scope resolves the tie
     if (initializing and not _maps(crossed)
         and (found is None or write and col == 'params')):
       return None  # a copy, checked and dropped by check_init
     if crossed:
-      refuse_stale(scope, tie, col, crossed)
+      refuse_declared_inside(scope, tie, col, crossed)
       if write or found is None:
         raise cannot_land(scope, tie, col, crossed, write)
     elif found is None and not scope.is_mutable_collection(col):

@@ -175,16 +175,14 @@ def _resolve(scope, tie: Tie, col: str, write: bool, original):
     raise given_for_target(tie, col)
   source, crossed = reach(scope, tie.source)
   if source is None:
-    raise tie_error(f'Cannot reach the source of the {tie.describe(col)} from'
-                    f' {scope.path_text}.',
-                    'Declare the tie at a module that contains both paths.')
+    raise unreachable(scope, tie, col)
   node = source._collection(col)  # pylint: disable=protected-access
   if node is not None and not isinstance(node, Mapping):
     raise kinds_differ(tie, col, target_is_module=True)
   if initializing and not _maps(crossed) and (
       col == 'params' or crossed or not node):
     if node:
-      refuse_stale(scope, tie, col, crossed)
+      refuse_declared_inside(scope, tie, col, crossed)
     if col != 'params' and not write:
       return original(scope, col)  # nothing of its own yet
     own = _own(scope, col)  # a copy, checked and dropped by check_init
@@ -192,7 +190,7 @@ def _resolve(scope, tie: Tie, col: str, write: bool, original):
     return own
   tie.used.add(col)
   if crossed:  # a closed-over value: read-only, never cached
-    refuse_stale(scope, tie, col, crossed)
+    refuse_declared_inside(scope, tie, col, crossed)
     if write or not node:
       raise cannot_land(scope, tie, col, crossed, write)
     return freeze(viewed(tie, node))
@@ -267,17 +265,49 @@ def _fill(own, source, tie: Tie):
       own[name] = apply_view(tie, value)
 
 
-def refuse_stale(scope, tie: Tie, col: str, crossed):
-  """A closed-over source inside a transform that caches its trace is stale."""
-  where = next((lift.name for lift in crossed if lift.caches_trace), None)
-  if where is not None:
-    raise tie_error(
-        f'The {tie.describe(col)} is used inside nn.{where} at'
-        f' {scope.path_text}, but its source lies outside that {where} and was'
-        f' not lifted into it (the tie is declared inside the {where}): the'
-        ' compiled function would keep a stale copy of the source.',
-        'Declare the tie at a module that contains both paths, outside the'
-        f' {where}.')
+def refuse_declared_inside(scope, tie: Tie, col: str, crossed):
+  """A tie declared inside a lifted transform reaches only what it lifts.
+
+  Its source outside the transform was not lifted into it (the pack saw no
+  tie in force), so there is no value to read that would stay current: under
+  ``nn.jit`` the compiled function would keep a stale copy. The same rule
+  holds for every transform, whether or not other ties are in force.
+  """
+  lift = next((lift for lift in crossed
+               if tie not in ties_in_force(lift.outer)), None)
+  if lift is not None:
+    raise _declared_inside(scope, tie, col, lift.name)
+
+
+def unreachable(scope, tie: Tie, col: str):
+  """The source of ``tie`` lies outside every scope ``scope`` can reach.
+
+  Past the outermost lifted transform whose pack saw no tie in force (and so
+  recorded nothing): the tie was declared inside it.
+  """
+  root = scope.root
+  while _lift(root) is not None:
+    root = _lift(root).outer.root
+  if root.parent is None and root.path:  # an inner root of a transform
+    # Flax's pack labels it 'name(module)' (remat(block_1)).
+    label = root.debug_path[-1] if root.debug_path else ''
+    where = label.split('(', 1)[0] if '(' in label else 'transform'
+    return _declared_inside(scope, tie, col, where)
+  return tie_error(f'Cannot reach the source of the {tie.describe(col)} from'
+                   f' {scope.path_text}.',
+                   'Declare the tie at a module that contains both paths.')
+
+
+def _declared_inside(scope, tie: Tie, col: str, where: str):
+  return tie_error(
+      f'The {tie.describe(col)} is used inside nn.{where} at'
+      f' {scope.path_text}, and its source {text(tie.source)} lies outside'
+      f' that {where}, but the tie is declared inside the {where}: a tie'
+      ' declared inside a lifted transform reaches only the paths inside it'
+      + (' (the compiled function would keep a stale copy of the source).'
+         if where == 'jit' else '.'),
+      'Declare the tie at a module that contains both paths (their common'
+      f' ancestor), outside the {where}.')
 
 
 def cannot_land(scope, tie: Tie, col: str, crossed, write: bool):
@@ -446,7 +476,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
       if isinstance(source, Mapping) and not source:
         source = None
       if source is not None:
-        refuse_stale(scope, tie, col, crossed)
+        refuse_declared_inside(scope, tie, col, crossed)
         _check_copy(tie, col, copy, source)
       elif not isinstance(copy, Mapping) or copy:
         raise tie_error(

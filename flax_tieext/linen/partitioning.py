@@ -65,6 +65,7 @@ def remat(
     >>> import jax
     >>> import jax.numpy as jnp
     >>> import flax.linen as nn
+    >>> import flax.linen.partitioning  # for nn.partitioning
     ...
     >>> class Layer(nn.Module):
     ...   @nn.compact

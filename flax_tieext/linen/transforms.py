@@ -79,7 +79,9 @@ def _checkpoint_lift_transform(
 
   if not _is_module_class(target):  # a method, decorated
     statics = resolve(target, static_argnums, static_argnames)
-    return lift_transform(transform, target, statics, **kwargs)
+    decorated = lift_transform(transform, target, statics, **kwargs)
+    statics.decorated = decorated  # for the note on @nn.compact above it
+    return decorated
   module_class = target.func if isinstance(target, functools.partial) else target
   if isinstance(methods, dict):
     # As upstream, each method gets its own core-transform arguments, whose
@@ -98,13 +100,11 @@ def _checkpoint_lift_transform(
     # Each method resolves the same arguments; each need be in one only.
     names = methods or ['__call__']
     specs = [
-      resolve(getattr(module_class, m), static_argnums, static_argnames,
-              strict=len(names) == 1)
+      resolve(getattr(module_class, m), static_argnums, static_argnames)
       for m in names
     ]
-    for key in specs[0].unresolved:
-      if all(key in spec.unresolved for spec in specs):
-        raise specs[0]._nowhere(specs, key)  # pylint: disable=protected-access
+    for spec in specs:
+      spec.siblings = tuple(s for s in specs if s is not spec)
     methods = {m: {**kwargs, 'statics': s} for m, s in zip(names, specs)}
   return lift_transform(transform, target, methods=methods)
 
@@ -297,7 +297,8 @@ def tie(
       ``"params"``, ``"graph"`` or ``["batch_stats", "cache"]``.
 
   Returns:
-    A subclass of ``target`` whose instances declare the ties on their scope.
+    A subclass of ``target``, of the same name, whose instances declare the
+    ties on their scope.
 
   Raises:
     errors.TieError: for a tie that cannot resolve, a write that cannot
@@ -368,11 +369,15 @@ def tie(
       and name not in vars(Module) and name != 'setup'
       and inspect.isfunction(inspect.getattr_static(module_class, name))
   }
-  tied = type(f'Tie{module_class.__name__}', (module_class,), {
+  # The class keeps the name of the class it ties: Flax names unnamed
+  # submodules after their class (`Pair_0`), and repr, nn.tabulate and error
+  # messages show it, so the tied model looks as the untied one does.
+  tied = type(module_class.__name__, (module_class,), {
       **methods, '__post_init__': __post_init__,
       '_register_submodules': _register_submodules,
       'init_with_output': init_with_output,
       '__module__': module_class.__module__,
+      '__qualname__': module_class.__qualname__,
   })
   if partial_object is not None:
     return functools.partial(tied, *partial_object.args,
