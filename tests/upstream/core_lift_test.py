@@ -140,16 +140,30 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
     self.assertEqual(
         jaxpr({'static_argnames': 'activation'}, activation='tanh'), by_index)
 
-  @parameterized.parameters(3, -3)
-  def test_out_of_range_index_is_refused(self, index):
+  @parameterized.parameters(3, -4)
+  def test_out_of_range_index_is_refused_at_the_first_call(self, index):
+    # As jax.checkpoint's own checks: wrapping works, the call raises.
+    rematted = lift.checkpoint(self.dense, static_argnums=index)
     with self.assertRaisesRegex(ValueError, f'index {index} is out of range'):
-      lift.checkpoint(self.dense, static_argnums=index)
+      init(rematted)(random.key(0), jnp.ones((1, 3)))
 
-  def test_unknown_name_is_refused(self):
+  def test_index_of_the_scope_makes_nothing_static(self):
+    # -3 counts back to `scope`, which the transform passes itself: as
+    # nn.remat's static_argnums=0 (`self`), it makes nothing static.
+    x = random.normal(random.key(0), (4, 3))
+    rematted = lift.checkpoint(self.dense, static_argnums=-3)
+    y, variables = init(rematted)(random.key(1), x)
+    expected, expected_variables = init(self.dense)(random.key(1), x)
+    np.testing.assert_allclose(y, expected)
+    np.testing.assert_allclose(
+        variables['params']['w'], expected_variables['params']['w'])
+
+  def test_unknown_name_is_refused_at_the_first_call(self):
+    rematted = lift.checkpoint(self.dense, static_argnames='activaton')
     with self.assertRaisesRegex(
         ValueError, r"'activaton', which is not a parameter of \S*dense\("
     ):
-      lift.checkpoint(self.dense, static_argnames='activaton')
+      init(rematted)(random.key(0), jnp.ones((1, 3)))
 
 
 class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
@@ -161,22 +175,47 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
     return jax.nn.relu(y) if activation == 'relu' else jnp.tanh(y)
 
   def test_unknown_name_suggests_parameter(self):
+    rematted = lift.checkpoint(self.dense, static_argnames='activaton')
     with self.assertRaisesRegex(
         ValueError, "'activaton'(.|\n)*Did you mean static_argnames='activation'"
     ):
-      lift.checkpoint(self.dense, static_argnames='activaton')
+      init(rematted)(random.key(0), jnp.ones((1, 3)))
 
   def test_out_of_range_index_shows_numbering(self):
+    rematted = lift.checkpoint(self.dense, static_argnums=2)
     with self.assertRaisesRegex(
         ValueError, 'index 2 is out of range(.|\n)*  1 \\| -1  activation'
     ):
-      lift.checkpoint(self.dense, static_argnums=2)
+      init(rematted)(random.key(0), jnp.ones((1, 3)))
 
-  def test_array_for_static_argument(self):
+  def test_array_for_static_argument_works_and_is_named_when_it_fails(self):
+    # An array is a valid static value (closed over, as Flax accepts it): the
+    # result is the unrematted function's.
     rematted = lift.checkpoint(self.dense, static_argnames='activation')
     x = jnp.ones((1, 3))
-    with self.assertRaisesRegex(ValueError, '`activation`.* received an array'):
-      init(rematted)(random.key(0), x, activation=x)
+    y, variables = init(rematted)(random.key(0), x, activation=x)
+    expected, expected_variables = init(self.dense)(
+        random.key(0), x, activation=x)
+    np.testing.assert_allclose(y, expected)
+    np.testing.assert_allclose(
+        variables['params']['w'], expected_variables['params']['w'])
+
+    # Used as a flag it fails as without remat, and the note names it.
+    def gate(scope, x, activation='relu'):
+      del scope
+      return jax.nn.relu(x) if activation else x
+
+    x = jnp.ones((2, 3))
+    with self.assertRaises(ValueError) as plain:
+      init(gate)(random.key(0), x, activation=x)
+    with self.assertRaises(ValueError) as e:
+      init(lift.checkpoint(gate, static_argnames='activation'))(
+          random.key(0), x, activation=x)
+    self.assertEqual(str(e.exception).split('\n')[0],
+                     str(plain.exception).split('\n')[0])
+    self.assertRegex(
+        '\n'.join([str(e.exception), *getattr(e.exception, '__notes__', ())]),
+        '`activation`.* received an array')
 
   def test_traced_python_flag_gets_a_note(self):
     def dense(scope, x, relu=True):

@@ -96,10 +96,12 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
         by_name().apply(variables, x, True),
     )
 
-  def test_unknown_name_is_refused(self):
+  def test_unknown_name_is_refused_at_the_first_call(self):
+    # As jax.checkpoint's own checks: wrapping works, the call raises.
+    rematted = nn.remat(self.MLP, static_argnames='determinstic')
     with self.assertRaisesRegex(
         ValueError, r"'determinstic', which is not a parameter of \S*MLP.__call__\("):
-      nn.remat(self.MLP, static_argnames='determinstic')
+      rematted().init(random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(
       ('checkpoint', nn.checkpoint), ('partitioning', partitioning.remat))
@@ -120,8 +122,10 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
     np.testing.assert_allclose(
         rematted().apply(variables, x, mode='tanh', method='encode'),
         jnp.tanh(x))
+    rematted = remat(Model, static_argnames='mdoe',
+                     methods=['__call__', 'encode'])
     with self.assertRaisesRegex(ValueError, "'mdoe'"):
-      remat(Model, static_argnames='mdoe', methods=['__call__', 'encode'])
+      rematted().init(random.key(0), x)
 
 
 class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
@@ -197,19 +201,23 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
     )
 
   def test_unknown_name_suggests_parameter(self):
+    rematted = nn.remat(self.MLP, static_argnames='determinstic')
     with self.assertRaisesRegex(
         ValueError, "'determinstic'(.|\n)*'deterministic'"):
-      nn.remat(self.MLP, static_argnames='determinstic')
+      rematted().init(random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(
       ('checkpoint', nn.checkpoint, 1), ('partitioning', partitioning.remat, 0))
   def test_off_by_one_index_names_the_flag(self, remat, first_index):
+    # `x` static is accepted; the flag it displaced is traced and fails in
+    # JAX, whose error gets the note.
     rematted = remat(self.MLP, static_argnums=first_index)
-    with self.assertRaisesRegex(
-        ValueError,
-        f'`x` of .* is static(.|\n)*static_argnums={first_index + 1}'
-        "(.|\n)*static_argnames='deterministic'"):
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
       rematted().init(random.key(0), jnp.ones((2, 3)), True)
+    self.assertRegex(
+        self.message(e.exception),
+        f'`x` of .* is static(.|\n)*static_argnums={first_index + 1}'
+        "(.|\n)*static_argnames='deterministic'")
 
   def test_flag_traced_by_outer_jit(self):
     rematted = nn.remat(self.MLP, static_argnames='deterministic')
@@ -217,9 +225,11 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
     variables = rematted().init(random.key(0), x, True)
     step = jax.jit(lambda v, x, deterministic: rematted().apply(
         v, x, deterministic))
-    with self.assertRaisesRegex(
-        ValueError, "jax.jit\\(train_step, static_argnames='deterministic'\\)"):
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
       step(variables, x, True)
+    self.assertRegex(
+        self.message(e.exception),
+        "jax.jit\\(train_step, static_argnames='deterministic'\\)")
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_unknown_name_lists_what_can_be_static(self, remat, name, first):
@@ -230,7 +240,8 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
         r' of \S*Configured\.__call__\(self, x, layers=\[4\], train=False, \*,'
         r" mode='relu'\)\.\nDid you mean static_argnames='mode'\?\n"
         r'The parameters that can be static are: x, layers, train, mode\.$'):
-      remat(self.Configured, static_argnames='mdoe')
+      remat(self.Configured, static_argnames='mdoe')().init(
+          random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_out_of_range_index_numbers_the_signature(self, remat, name, first):
@@ -250,19 +261,31 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
         r" +- +mode='relu' +\(by name only\)\n"
         'Name the argument instead of counting, which also covers keyword'
         " and omitted calls: static_argnames='train'\\.$"):
-      remat(self.Configured, static_argnums=first + 3)
+      remat(self.Configured, static_argnums=first + 3)().init(
+          random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(
-      ('checkpoint_self', nn.checkpoint, 0, 'refers to `self`'),
-      ('checkpoint_negative', nn.checkpoint, -3, 'refers to `self`'),
-      ('partitioning_negative', partitioning.remat, -3, 'is out of range'),
+      ('checkpoint_self', nn.checkpoint, r'nn\.checkpoint \(nn\.remat\)', 0),
+      ('checkpoint_negative', nn.checkpoint,
+       r'nn\.checkpoint \(nn\.remat\)', -3),
+      ('partitioning_negative', partitioning.remat, r'nn\.partitioning\.remat',
+       -3),
   )
-  def test_index_before_the_first_argument(self, remat, index, what):
-    with self.assertRaisesRegex(
-        ValueError,
-        f'static_argnums index {index} {what}(.|\n)*'
-        "static_argnames='deterministic'"):
-      remat(self.MLP, static_argnums=index)
+  def test_index_of_self_makes_nothing_static_as_in_flax(
+      self, remat, name, index):
+    # `self` is passed on by the transform anyway: Flax accepts its index,
+    # and it makes nothing static. The results are the plain module's ...
+    rematted = remat(self.MLP, static_argnums=index)
+    self.assert_matches_plain(self.MLP, rematted)
+    # ... and the flag meant to be static is traced, as in Flax; JAX's error
+    # says to name it.
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      rematted().init(random.key(0), jnp.ones((2, 3)), True)
+    self.assertRegex(
+        self.message(e.exception),
+        f'{name}: \\S*MLP\\.__call__ was called with the Python value'
+        ' deterministic=True, but `deterministic` is not static(.|\n)*'
+        "static_argnames='deterministic'")
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_self_cannot_be_named(self, remat, name, first):
@@ -273,7 +296,8 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
         r' \S*MLP\.__call__\(self, x, deterministic=False\)\. The transform'
         ' passes it on by itself; it cannot be static. Remove it from'
         ' static_argnames.$'):
-      remat(self.MLP, static_argnames='self')
+      remat(self.MLP, static_argnames='self')().init(
+          random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(
       ('args', 'args', r'the \*args parameter(.|\n)*or use static_argnums'),
@@ -282,8 +306,9 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
        r' arguments instead\.$'),
   )
   def test_star_parameter_cannot_be_static_as_a_whole(self, param, what):
+    rematted = nn.remat(self.Star, static_argnames=param)
     with self.assertRaisesRegex(ValueError, f"'{param}', {what}"):
-      nn.remat(self.Star, static_argnames=param)
+      rematted().init(random.key(0), jnp.ones((2, 3)), False)
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_extra_positional_flag_is_static_by_index(self, remat, name, first):
@@ -294,7 +319,8 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
         r"'\*args\[0\]', which is not a parameter name of \S*Star\.__call__"
         '(.|\n)* make it static by position with'
         f' static_argnums={index}\\.\n{name}'):
-      remat(self.Star, static_argnames='*args[0]')
+      remat(self.Star, static_argnames='*args[0]')().init(
+          random.key(0), jnp.ones((2, 3)), False)
     with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
       remat(self.Star)().init(random.key(0), jnp.ones((2, 3)), False)
     self.assertRegex(
@@ -307,33 +333,38 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_arguments_of_the_wrong_type(self, remat, name, first):
     del first
+    x = jnp.ones((2, 3))
+    rematted = remat(self.MLP, static_argnums='deterministic')  # wrapping works
     with self.assertRaisesRegex(
         TypeError,
         f'^{name}: static_argnums must be an int or a sequence of ints, got'
         " 'deterministic'. To make arguments static by name, use"
         ' static_argnames.$'):
-      remat(self.MLP, static_argnums='deterministic')
+      rematted().init(random.key(0), x)
+    rematted = remat(self.MLP, static_argnames=('deterministic', 2))
     with self.assertRaisesRegex(
         TypeError,
         f'^{name}: static_argnames must be a str or a sequence of str, got'
         r" \('deterministic', 2\)\.$"):
-      remat(self.MLP, static_argnames=('deterministic', 2))
+      rematted().init(random.key(0), x)
 
   @parameterized.named_parameters(*ENTRY_POINTS)
-  def test_decorator_typo_fails_at_class_definition(self, remat, name, first):
+  def test_decorator_typo_fails_at_the_first_call(self, remat, name, first):
     del first
+
+    class Model(nn.Module):  # defining the class works, as on plain Flax
+
+      @remat(static_argnames='determinstic')
+      @nn.compact
+      def __call__(self, x, deterministic=False):
+        return x
+
     with self.assertRaisesRegex(
         ValueError,
         f"^{name}: static_argnames contains 'determinstic', which is not a"
         r' parameter of Model\.__call__\(self, x, deterministic=False\)\.\n'
         "Did you mean static_argnames='deterministic'"):
-
-      class Model(nn.Module):  # pylint: disable=unused-variable
-
-        @remat(static_argnames='determinstic')
-        @nn.compact
-        def __call__(self, x, deterministic=False):
-          return x
+      Model().init(random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_decorated_method_off_by_one_names_the_flag(
@@ -349,14 +380,15 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
       return Model
 
     x = jnp.ones((2, 3))
-    with self.assertRaisesRegex(
-        ValueError,
-        f'^{name}: `x` of Model\\.__call__.* is static \\(static_argnums'
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      model(first)().init(random.key(0), x, True)
+    self.assertRegex(
+        self.message(e.exception),
+        f'(?m)^{name}: `x` of Model\\.__call__.* is static \\(static_argnums'
         f' index {first}\\), but it received an array of shape(.|\n)*'
         f'  {first} \\| -2  x    \\(<- static_argnums index {first}\\)\n'
         '(.|\n)*Did you mean `deterministic`\\? In the numbering of'
-        f' {name} that is static_argnums={first + 1}\\.'):
-      model(first)().init(random.key(0), x, True)
+        f' {name} that is static_argnums={first + 1}\\.')
     self.assert_matches_plain(self.MLP, model(first + 1), True)
 
   @parameterized.named_parameters(*ENTRY_POINTS)
@@ -371,7 +403,8 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
         r"Did you mean static_argnames='mode'\?\n"
         r'The parameters that can be static are: x, deterministic, mode\.$'):
       remat(self.TwoMethods, static_argnames='mdoe',
-            methods=['__call__', 'encode'])
+            methods=['__call__', 'encode'])().init(
+                random.key(0), jnp.ones((2, 3)))
 
   def test_methods_dict_numbers_without_self(self):
     # As upstream, the arguments of each method in a dict do not count self.
@@ -379,14 +412,15 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
       return nn.remat(
           self.TwoMethods, methods={'__call__': {'static_argnums': index}})
 
-    with self.assertRaisesRegex(
-        ValueError,
-        r"^nn\.checkpoint \(nn\.remat\) methods\['__call__'\]: `x` of"
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      rematted(0)().init(random.key(0), jnp.ones((2, 3)), True)
+    self.assertRegex(
+        self.message(e.exception),
+        r"(?m)^nn\.checkpoint \(nn\.remat\) methods\['__call__'\]: `x` of"
         r' \S*TwoMethods\.__call__(.|\n)*does not count `self`(.|\n)*'
         r'Did you mean `deterministic`\? In the numbering of'
         r" nn\.checkpoint \(nn\.remat\) methods\['__call__'\] that is"
-        ' static_argnums=1.'):
-      rematted(0)().init(random.key(0), jnp.ones((2, 3)), True)
+        ' static_argnums=1.')
     self.assert_matches_plain(self.TwoMethods, rematted(1), True)
 
   @parameterized.named_parameters(*ENTRY_POINTS)
@@ -394,19 +428,24 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
     del first
     mask = jnp.ones((2, 4))
     for masks in (mask, (mask,)):  # an array, or one inside a static tuple
-      with self.assertRaisesRegex(
-          ValueError,
-          f'^{name}: `masks` of \\S*Masked\\.__call__\\(self, x, masks=\\(\\),'
-          r' deterministic=False\) is static \(static_argnames\), but it'
-          ' received an array') as e:
+      # A static array is accepted (closed over, as Flax accepts it) ...
+      self.assert_matches_plain(
+          self.Masked, remat(self.Masked, static_argnames='masks'), masks)
+      # ... and named in the note when the traced flag beside it fails.
+      with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
         remat(self.Masked, static_argnames='masks')().init(
-            random.key(0), jnp.ones((2, 3)), masks)
-      self.assertIn(
-          f'an array of shape {mask.shape} and dtype {mask.dtype}',
-          str(e.exception))
+            random.key(0), jnp.ones((2, 3)), masks, True)
+      message = self.message(e.exception)
       self.assertRegex(
-          str(e.exception),
-          'Remove `masks` from static_argnames: arrays are traced. If you'
+          message,
+          f'(?m)^{name}: `masks` of \\S*Masked\\.__call__\\(self, x,'
+          r' masks=\(\), deterministic=False\) is static \(static_argnames\),'
+          ' but it received an array')
+      self.assertIn(
+          f'an array of shape {mask.shape} and dtype {mask.dtype}', message)
+      self.assertRegex(
+          message,
+          '(?m)Remove `masks` from static_argnames: arrays are traced. If you'
           " meant `deterministic`: static_argnames='deterministic'.$")
       self.assert_matches_plain(
           self.Masked, remat(self.Masked, static_argnames='deterministic'),
@@ -415,26 +454,42 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_scalar_array_says_pass_a_python_value(self, remat, name, first):
     del first
+
+    class Gated(nn.Module):
+
+      @nn.compact
+      def __call__(self, x, deterministic=False, relu=True):
+        x = nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
+        return jax.nn.relu(x) if relu else x
+
     rematted = remat(self.MLP, static_argnames='deterministic')
+    gated = remat(Gated, static_argnames='deterministic')
     for flag in (jnp.array(True), np.array(True)):
-      with self.assertRaisesRegex(
-          ValueError,
-          f'^{name}: `deterministic` of \\S*MLP\\.__call__.* is static'
+      # A concrete scalar array is a valid static value (Flax accepts it) ...
+      self.assert_matches_plain(self.MLP, rematted, flag)
+      # ... and named, with the Python value to pass, when a traced flag
+      # beside it fails.
+      with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+        gated().init(random.key(0), jnp.ones((2, 3)), flag, True)
+      self.assertRegex(
+          self.message(e.exception),
+          f'(?m)^{name}: `deterministic` of \\S*Gated\\.__call__.* is static'
           r' \(static_argnames\), but it received an array of shape \(\) and'
           r' dtype bool(.|\n)*Pass a Python value \(`deterministic=True`,'
-          r' not `jnp\.array\(True\)`\)'):
-        rematted().init(random.key(0), jnp.ones((2, 3)), flag)
+          r' not `jnp\.array\(True\)`\)')
     self.assert_matches_plain(self.MLP, rematted, True)
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_str_for_traced_argument_names_the_fix(self, remat, name, first):
     del first
-    with self.assertRaisesRegex(
-        TypeError,
-        f'^{name}: `mode` of \\S*Configured\\.__call__\\(.*\\) received a str,'
-        " which JAX cannot trace. Make it static: static_argnames='mode'.$"):
+    # JAX's own TypeError (not a valid JAX type), with the note.
+    with self.assertRaisesRegex(TypeError, 'is not a valid JAX type') as e:
       remat(self.Configured, static_argnames='layers')().init(
           random.key(0), jnp.ones((2, 3)), mode='tanh')
+    self.assertRegex(
+        self.message(e.exception),
+        f'(?m)^{name}: `mode` of \\S*Configured\\.__call__\\(.*\\) received a'
+        " str, which JAX cannot trace. Make it static: static_argnames='mode'.$")
     self.assert_matches_plain(
         self.Configured,
         remat(self.Configured, static_argnames=('layers', 'mode')),
@@ -516,17 +571,18 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
     def train_step(variables, x, deterministic):
       return rematted().apply(variables, x, deterministic)
 
-    with self.assertRaisesRegex(
-        ValueError,
-        f'^{name}: `deterministic` of \\S*MLP\\.__call__.* is static'
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      jax.jit(train_step)(variables, x, True)
+    self.assertRegex(
+        self.message(e.exception),
+        f'(?m)^{name}: `deterministic` of \\S*MLP\\.__call__.* is static'
         f' \\(static_argnums index {first + 1}\\), but it received an array'
         r' of shape \(\)(.|\n)*'
         f'  {first + 1} \\| -1  deterministic=False    \\(<- static_argnums'
         f' index {first + 1}\\)\n'
         '`deterministic` is a traced scalar: a transform around this call,'
         ' such as `jax.jit`, traced it before it got here.(.|\n)*'
-        r"`jax\.jit\(train_step, static_argnames='deterministic'\)`"):
-      jax.jit(train_step)(variables, x, True)
+        r"`jax\.jit\(train_step, static_argnames='deterministic'\)`")
     np.testing.assert_allclose(
         jax.jit(train_step, static_argnames='deterministic')(
             variables, x, True),

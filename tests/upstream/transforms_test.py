@@ -120,11 +120,13 @@ class RematStaticArgnamesTest(parameterized.TestCase):
     np.testing.assert_allclose(f(x, activation='relu'), jax.nn.relu(x))
     self.assertEqual(traces, ['tanh', 'relu'])
 
-  def test_unknown_name_is_refused(self):
+  def test_unknown_name_is_refused_at_the_first_call(self):
+    # As jax.checkpoint's own checks: wrapping works, the call raises.
+    rematted = nnx.remat(self.MLP.__call__, static_argnames='determinstic')
     with self.assertRaisesRegex(
       ValueError, r"nnx.remat: static_argnames contains 'determinstic', which"
     ):
-      nnx.remat(self.MLP.__call__, static_argnames='determinstic')
+      rematted(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)))
 
 
 class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
@@ -168,21 +170,35 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
     jax.tree.map(np.testing.assert_allclose, grads, expected_grads)
 
   def test_unknown_name_suggests_parameter(self):
+    rematted = nnx.remat(self.MLP.__call__, static_argnames='determinstic')
     with self.assertRaisesRegex(
       ValueError, "nnx.remat(.|\n)*'determinstic'(.|\n)*'deterministic'"
     ):
-      nnx.remat(self.MLP.__call__, static_argnames='determinstic')
+      rematted(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)))
 
   def test_out_of_range_index_shows_numbering(self):
+    rematted = nnx.remat(self.MLP.__call__, static_argnums=3)
     with self.assertRaisesRegex(
       ValueError, 'static_argnums index 3(.|\n)*0 \\| -3  self'
     ):
-      nnx.remat(self.MLP.__call__, static_argnums=3)
+      rematted(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)))
 
-  def test_array_for_static_argument_is_refused(self):
+  def test_array_for_static_argument_works_and_is_named_when_it_fails(self):
+    # A concrete array is a valid static value (closed over, as Flax accepts
+    # it): the result is the unrematted method's.
     rematted = nnx.remat(self.MLP.__call__, static_argnames='deterministic')
-    with self.assertRaisesRegex(ValueError, '`deterministic`.*array'):
-      rematted(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), jnp.array(True))
+    x = jnp.ones((2, 3))
+    np.testing.assert_allclose(
+      rematted(self.MLP(nnx.Rngs(0)), x, jnp.array(True)),
+      self.MLP(nnx.Rngs(0))(x, jnp.array(True)),
+    )
+    # Traced (by a jit around it), it fails as without remat, and the note
+    # names it.
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      jax.jit(lambda d: rematted(self.MLP(nnx.Rngs(0)), x, d))(
+        jnp.array(True)
+      )
+    self.assertRegex(self.message(e.exception), '`deterministic`.*array')
 
   @parameterized.named_parameters(*MODES)
   def test_unknown_name_lists_what_can_be_static(self, graph, graph_updates):
@@ -196,7 +212,7 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
       nnx.remat(
         self.forward, static_argnames='mdoe', graph=graph,
         graph_updates=graph_updates,
-      )
+      )(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(*MODES)
   def test_out_of_range_index_numbers_every_parameter(
@@ -217,23 +233,26 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
         nnx.remat(
           self.forward, static_argnums=index, graph=graph,
           graph_updates=graph_updates,
-        )
+        )(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(*MODES)
   def test_off_by_one_index_names_the_flag(self, graph, graph_updates):
-    with self.assertRaisesRegex(
-      ValueError,
-      r'^nnx\.remat: `x` of \S*forward\(.*\) is static \(static_argnums'
+    # `x` static is accepted; the flag it displaced is traced and fails in
+    # JAX, whose error gets the note.
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      nnx.remat(
+        self.forward, static_argnums=1, graph=graph,
+        graph_updates=graph_updates,
+      )(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), True)
+    self.assertRegex(
+      self.message(e.exception),
+      r'(?m)^nnx\.remat: `x` of \S*forward\(.*\) is static \(static_argnums'
       r' index 1\), but it received an array(.|\n)*'
       r' +1 \| -3  x    \(<- static_argnums index 1\)\n(.|\n)*'
       r'Did you mean `deterministic`\? In the numbering of nnx\.remat that'
       r" is static_argnums=2\. Naming it avoids counting: static_argnames="
       r"'deterministic'\.$",
-    ):
-      nnx.remat(
-        self.forward, static_argnums=1, graph=graph,
-        graph_updates=graph_updates,
-      )(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), True)
+    )
     self.assert_matches_plain(
       nnx.remat(
         self.forward, static_argnums=2, graph=graph,
@@ -253,30 +272,45 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
       return Block
 
     x = jnp.ones((2, 3))
-    with self.assertRaisesRegex(
-      ValueError,
-      r'^nnx\.remat: `x` of Block\.__call__\(self, x, deterministic=False\)'
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      block(1)(nnx.Rngs(0))(x, True)
+    self.assertRegex(
+      self.message(e.exception),
+      r'(?m)^nnx\.remat: `x` of Block\.__call__\(self, x, deterministic=False\)'
       r' is static \(static_argnums index 1\)(.|\n)*'
       r' +0 \| -3  self\n +1 \| -2  x    \(<- static_argnums index 1\)\n'
       r'(.|\n)*Did you mean `deterministic`\?(.|\n)* static_argnums=2\.',
-    ):
-      block(1)(nnx.Rngs(0))(x, True)
+    )
     np.testing.assert_allclose(
       block(2)(nnx.Rngs(0))(x, True), self.MLP(nnx.Rngs(0))(x, True)
     )
 
   @parameterized.named_parameters(*MODES)
   def test_scalar_array_says_pass_a_python_value(self, graph, graph_updates):
+    modes = dict(graph=graph, graph_updates=graph_updates)
     rematted = nnx.remat(
-      self.forward, static_argnames='deterministic', graph=graph,
-      graph_updates=graph_updates,
+      self.forward, static_argnames='deterministic', **modes
     )
-    with self.assertRaisesRegex(
-      ValueError,
+    # A concrete scalar array is a valid static value (Flax accepts it) ...
+    model, x = self.MLP(nnx.Rngs(0)), jnp.ones((2, 3))
+    np.testing.assert_allclose(
+      rematted(model, x, jnp.array(True)), self.forward(model, x, True)
+    )
+
+    # ... and named, with the Python value to pass, when a traced flag beside
+    # it fails.
+    def forward(m, x, deterministic=False, relu=True):
+      return self.forward(m, x, deterministic, 'relu' if relu else 'tanh')
+
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      nnx.remat(forward, static_argnames='deterministic', **modes)(
+        self.MLP(nnx.Rngs(0)), x, jnp.array(True), True
+      )
+    self.assertRegex(
+      self.message(e.exception),
       r'received an array of shape \(\) and dtype bool(.|\n)*Pass a Python'
       r' value \(`deterministic=True`, not `jnp\.array\(True\)`\)',
-    ):
-      rematted(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), jnp.array(True))
+    )
     self.assert_matches_plain(rematted, True)
 
   @parameterized.named_parameters(*MODES)
@@ -287,14 +321,16 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
         graph_updates=graph_updates,
       )
 
-    with self.assertRaisesRegex(
-      TypeError,
-      r'^nnx\.remat: `mode` of \S*forward\(.*\) received a str, which JAX'
-      r" cannot trace\. Make it static: static_argnames='mode'\.$",
-    ):
+    # JAX's own TypeError (not a valid JAX type), with the note.
+    with self.assertRaisesRegex(TypeError, 'is not a valid JAX type') as e:
       rematted('deterministic')(
         self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), True, 'tanh'
       )
+    self.assertRegex(
+      self.message(e.exception),
+      r'(?m)^nnx\.remat: `mode` of \S*forward\(.*\) received a str, which JAX'
+      r" cannot trace\. Make it static: static_argnames='mode'\.$",
+    )
     self.assert_matches_plain(
       rematted(('deterministic', 'mode')), True, 'tanh'
     )
@@ -334,7 +370,9 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
       r' \*flags\)\. An extra positional argument that \*flags collects has'
       r' no name: make it static by position with static_argnums=2\.',
     ):
-      nnx.remat(forward, static_argnames='*flags[0]', **modes)
+      nnx.remat(forward, static_argnames='*flags[0]', **modes)(
+        self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), True
+      )
     with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
       nnx.remat(forward, **modes)(self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), True)
     self.assertRegex(
@@ -357,30 +395,35 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
       return rematted(m, x, deterministic)
 
     model, x = self.MLP(nnx.Rngs(0)), jnp.ones((2, 3))
-    with self.assertRaisesRegex(
-      ValueError,
+    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
+      nnx.jit(train_step)(model, x, True)
+    self.assertRegex(
+      self.message(e.exception),
       r'`deterministic` of \S*forward\(.*\) is static \(static_argnames\),'
       r' but it received an array of shape \(\)(.|\n)*`deterministic` is a'
       r' traced scalar(.|\n)*'
       r"`jax\.jit\(train_step, static_argnames='deterministic'\)`",
-    ):
-      nnx.jit(train_step)(model, x, True)
+    )
     np.testing.assert_allclose(
       nnx.jit(train_step, static_argnames='deterministic')(model, x, True),
       self.forward(model, x, True),
     )
 
   def test_arguments_of_the_wrong_type(self):
+    # Wrapping works; the first call raises.
+    model, x = self.MLP(nnx.Rngs(0)), jnp.ones((2, 3))
+    rematted = nnx.remat(self.forward, static_argnums='deterministic')
     with self.assertRaisesRegex(
       TypeError,
       "^nnx\\.remat: static_argnums must be an int or a sequence of ints,"
       " got 'deterministic'. To make arguments static by name, use"
       ' static_argnames.$',
     ):
-      nnx.remat(self.forward, static_argnums='deterministic')
+      rematted(model, x)
+    rematted = nnx.remat(self.forward, static_argnames=2)
     with self.assertRaisesRegex(
       TypeError,
       r'^nnx\.remat: static_argnames must be a str or a sequence of str,'
       r' got 2\.$',
     ):
-      nnx.remat(self.forward, static_argnames=2)
+      rematted(model, x)
