@@ -162,11 +162,12 @@ def _init(module, *args, **kwargs):
   return lambda: module().init(jax.random.key(0), X, *args, **kwargs)
 
 
-# Heading of the section -> the mistake whose message it quotes.
+# Heading of the section -> the mistake whose message it quotes. Wrapping
+# never fails: each mistake raises at the first call.
 MISTAKES = {
-    'A name that is not a parameter': lambda: ext_nn.remat(
-        MLP, static_argnames='determinstic'),
-    'An index out of range': lambda: ext_nn.remat(MLP, static_argnums=3),
+    'A name that is not a parameter': _init(
+        ext_nn.remat(MLP, static_argnames='determinstic')),
+    'An index out of range': _init(ext_nn.remat(MLP, static_argnums=3)),
     'An array in a static slot': _init(ext_nn.remat(MLP, static_argnums=1), True),
     'A flag traced by an outer `jax.jit`': _outer_jit,
     'A Python flag that is not static': _init(ext_nn.remat(MLP), True),
