@@ -88,6 +88,10 @@ NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
 # The tie property test (tests/test_tie_properties.py) draws 8 examples; the
 # newest release's matrix session draws this many.
 NEWEST_PROPERTY_EXAMPLES = '40'
+# The differential harness (tests/test_differential.py: programs run plain and
+# patched in fresh interpreters) draws 2 examples; the oldest and newest
+# releases' matrix sessions draw this many, and `nox -s ci` leaves it to them.
+EDGE_DIFFERENTIAL_EXAMPLES = '6'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
 CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'upstream', 'docs',
@@ -182,9 +186,12 @@ def matrix(session, flax):
   # Every test patched, and each one not marked needs_patch again opted out.
   # tests/distributed runs once, on the newest Flax (nox -s distributed).
   ignored = ['tests/distributed', *(NEWEST_ONLY if flax != NEWEST else ())]
+  env = {'DIFFERENTIAL_EXAMPLES': EDGE_DIFFERENTIAL_EXAMPLES} if flax in (
+      RELEASES[0], NEWEST) else {}
+  if flax == NEWEST:
+    env['TIE_PROPERTY_EXAMPLES'] = NEWEST_PROPERTY_EXAMPLES
   _pytest(session, 'ours', '--opted-out-too', *(f'--ignore={p}' for p in ignored),
-          '--tb=short', *session.posargs,
-          env={'TIE_PROPERTY_EXAMPLES': NEWEST_PROPERTY_EXAMPLES} if flax == NEWEST else None)
+          '--tb=short', *session.posargs, env=env)
   # Flax's own tests: pyproject.toml and tests/ of the sdist, so that they
   # import the installed Flax.
   checkout = harness.SDISTS / f'flax-{flax}'
@@ -318,13 +325,15 @@ def ci(session):
   #
   # To keep CI within its budget, the releases between the oldest and the
   # newest run the opted-out half only for the tie regression tests
-  # (tests/test_tie_scope_state.py); `nox -s "matrix(<release>)"` by hand runs
-  # it all.
+  # (tests/test_tie_scope_state.py), and leave the differential harness to
+  # the oldest and newest (and the README run); `nox -s "matrix(<release>)"`
+  # by hand runs it all.
   readme_release = _release_of_this_environment()
   inner = [f'matrix({v})' for v in RELEASES[1:-1] if v != readme_release]
   for name in CI_SESSIONS:
     posargs = (['-k', 'opted-out'] if name == f'matrix({readme_release})' else
-               ['-k', 'not opted-out or test_tie_scope_state'] if name in inner else
+               ['-k', '(not opted-out or test_tie_scope_state) and not test_differential']
+               if name in inner else
                ['--reuse-html'] if name == 'screenshots' else None)
     session.notify(name, posargs)
 

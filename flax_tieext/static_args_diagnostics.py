@@ -82,7 +82,8 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
     >>> def dense(scope, x, train=False):
     ...   return x
     ...
-    >>> DiagnosedStaticArgs(dense, static_argnames='trian')
+    >>> statics = DiagnosedStaticArgs(dense, static_argnames='trian')
+    >>> statics.split((1.0,), {})  # the first call resolves the arguments
     Traceback (most recent call last):
       ...
     ValueError: checkpoint: static_argnames contains 'trian', which is not a parameter of dense(scope, x, train=False).

@@ -48,7 +48,7 @@ import pytest
 
 pytestmark = pytest.mark.own_patch_mode
 
-EXAMPLES = int(os.environ.get('DIFFERENTIAL_EXAMPLES', '4'))
+EXAMPLES = int(os.environ.get('DIFFERENTIAL_EXAMPLES', '2'))
 PROGRAMS_PER_RUN = 3
 
 # What wraps the block around the leaf, outermost last. Each is a template
@@ -339,9 +339,11 @@ def test_generated_programs_run_as_on_plain_flax(choices):
   assert not found, '\n'.join(found) + '\n\nProgram:\n' + source
 
 
-# The three programs the harness first found differing (issue 23), kept as
-# fixed cases: an eager nn.remat loop (live arrays), an auto-named tied leaf
-# (names), nn.jit inside nn.vmap (traces).
+# What the harness found on the code before issue 23, kept as fixed cases: an
+# eager nn.remat loop kept 16 arrays alive (plain: 0), a NumPy static value
+# was refused (ValueError), an auto-named tied leaf was stored as
+# Core_remat_staticTieLeaf_0, and nn.jit inside nn.vmap traced at every call
+# (plain: once).
 REGRESSIONS = {
     'eager remat keeps no arrays alive': dict(
         setup=False, named=True, stats=False, kind='none', remat='remat',
@@ -359,12 +361,11 @@ REGRESSIONS = {
 }
 
 
-@pytest.mark.parametrize('choices', list(REGRESSIONS.values()),
-                         ids=list(REGRESSIONS))
-def test_known_differences_are_gone(choices):
-  source = source_of([choices])
+def test_known_differences_are_gone():
+  source = source_of(list(REGRESSIONS.values()))
   plain = run('plain', source)
   found = differences(plain, run('patched', source))
   assert not found, '\n'.join(found) + '\n\nProgram:\n' + source
-  # The program ran: every step reported a result, not an error.
-  assert all(step[1] != 'error' for step in plain['0']), plain['0']
+  # Each program ran: every step reported a result, not an error.
+  for n, name in enumerate(REGRESSIONS):
+    assert all(step[1] != 'error' for step in plain[str(n)]), (name, plain[str(n)])
