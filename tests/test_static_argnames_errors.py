@@ -493,8 +493,7 @@ def test_flag_traced_by_outer_jit_names_the_outer_jit(entry, first_index):
 def test_compact_above_checkpoint_fails_as_upstream_and_swapped_works(
     entry, first_index):
   # @nn.compact above a lifted transform marks Flax's wrapper, not the method:
-  # Flax's own AssignSubModuleError, for every lifted transform alike (the
-  # static-argument code no longer special-cases checkpoint).
+  # Flax's own AssignSubModuleError, for every lifted transform alike ...
 
   class CompactAbove(nn.Module):
 
@@ -503,8 +502,12 @@ def test_compact_above_checkpoint_fails_as_upstream_and_swapped_works(
     def __call__(self, x, deterministic=False):
       return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
 
-  with pytest.raises(flax.errors.AssignSubModuleError):
+  with pytest.raises(flax.errors.AssignSubModuleError) as excinfo:
     CompactAbove().init(jax.random.key(0), X, True)
+  # ... with a note that says to swap the decorators.
+  message = _message(excinfo)
+  assert 'decorated with @nn.compact above' in message
+  assert 'swap the two decorators' in message
 
   class Swapped(nn.Module):  # the documented order
 
