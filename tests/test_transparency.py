@@ -267,6 +267,23 @@ def _jit_inside(transform):
                       split_rngs={'params': True})
   elif transform == 'remat':
     wrapped = nn.remat(Outer)
+  elif transform == 'scan':
+    class Body(nn.Module):
+
+      @nn.compact
+      def __call__(self, c, _):
+        return Outer()(c), None
+
+    scanned = nn.scan(Body, variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=2)
+
+    class Scanned(nn.Module):
+
+      @nn.compact
+      def __call__(self, x):
+        return scanned()(x, None)[0]
+
+    wrapped = Scanned
   elif transform == 'map_variables':
     wrapped = nn.map_variables(Outer, 'params', lambda v: v, lambda v: v,
                                init=True)
@@ -286,7 +303,7 @@ def _jit_inside(transform):
   return len(traces)
 
 
-@pytest.mark.parametrize('transform', ['vmap', 'remat', 'cond', 'map_variables'])
+@pytest.mark.parametrize('transform', ['vmap', 'scan', 'remat', 'cond', 'map_variables'])
 def test_nn_jit_inside_a_lifted_transform_traces_as_on_plain_flax(transform):
   patched = _jit_inside(transform)
   was = flax_tieext.is_installed()
