@@ -40,15 +40,21 @@ SIZES = (8, 32, 128)
 EAGER_STEPS = 50
 
 
-def test_untied_python_calls(benchmark):
-  code = test_transparency.CALLS.format(sizes=SIZES)
+def _plain_and_patched(benchmark, code):
+  """``code``'s output in a fresh plain and a fresh patched interpreter."""
   runs = {}
 
   def one_round():
-    runs['plain'] = test_transparency.run_python(code, 'plain')
-    runs['patched'] = test_transparency.run_python(code, 'patched')
+    for mode in ('plain', 'patched'):
+      runs[mode] = test_transparency.run_python(code, mode)
 
   benchmark.pedantic(one_round, rounds=1, iterations=1)
+  return runs
+
+
+def test_untied_python_calls(benchmark):
+  runs = _plain_and_patched(benchmark,
+                            test_transparency.CALLS.format(sizes=SIZES))
   rows = []
   for n in map(str, SIZES):
     (pi, pg), (qi, qg) = runs['plain'][n], runs['patched'][n]
@@ -62,13 +68,7 @@ def test_live_memory_after_eager_remat_steps(benchmark):
   code = test_transparency.EAGER_REMAT.replace(
       'range(30)', f'range({EAGER_STEPS})').replace(
           'if step in (9, 29)', f'if step in (9, {EAGER_STEPS - 1})')
-  runs = {}
-
-  def one_round():
-    runs['plain'] = test_transparency.run_python(code, 'plain')
-    runs['patched'] = test_transparency.run_python(code, 'patched')
-
-  benchmark.pedantic(one_round, rounds=1, iterations=1)
+  runs = _plain_and_patched(benchmark, code)
   rows = []
   for static, label in (('False', 'nn.remat(Block)'),
                         ('True', 'nn.remat(FlagBlock, static_argnums=(2,))')):
