@@ -489,7 +489,8 @@ class CheckpointStaticArgsDiagnosticsTest(parameterized.TestCase):
     self.assertRegex(
         self.message(e.exception),
         f'(?m)^{name}: `mode` of \\S*Configured\\.__call__\\(.*\\) received a'
-        " str, which JAX cannot trace. Make it static: static_argnames='mode'.$")
+        ' str, which JAX cannot trace. Make it static:'
+        " static_argnames='mode'.$")
     self.assert_matches_plain(
         self.Configured,
         remat(self.Configured, static_argnames=('layers', 'mode')),
