@@ -67,8 +67,9 @@ class StaticArgs:
     first_index: the index of the first argument the caller passes.
     supplies_first: whether the transform passes the first parameter of
       ``fn`` itself (a scope, ``self`` of a Linen method).
-    siblings: the other methods a transform of several methods wraps with
-      the same arguments: an argument need be a parameter of one of them.
+    group: every method (this one included, in order) a transform of
+      several methods wraps with the same arguments: an argument need be a
+      parameter of one of them.
   """
 
   def __init__(
@@ -80,16 +81,19 @@ class StaticArgs:
       transform: str = 'checkpoint',
       first_index: int = 0,
       supplies_first: bool = True,
-      siblings: 'tuple[StaticArgs, ...]' = (),
+      group: 'tuple[StaticArgs, ...]' = (),
   ):
     self.fn, self.transform, self.first_index = fn, transform, first_index
-    self.supplies_first, self.siblings = supplies_first, siblings
+    self.supplies_first, self.group = supplies_first, group or (self,)
     # Read once: a generator given here is not consumed twice.
     self.static_argnums = _once(static_argnums, int)
     self.static_argnames = _once(static_argnames, str)
     self.given = {'static_argnums': static_argnums,
                   'static_argnames': static_argnames}
-    self._resolved = None
+    self._resolved = None  # None: not bound; False: bound; True: checked
+    # The method as the transform returns it (for a decorator), which
+    # another decorator may mark (the diagnostics' note on @nn.compact).
+    self.decorated = None
 
   def _resolve(self):
     """Binds the signature of ``fn`` and maps each argument to a parameter.
@@ -97,6 +101,18 @@ class StaticArgs:
     Raises the first mistake (a type, an index out of range, a name that is
     not a parameter) as a ``TypeError`` or ``ValueError``, at each call.
     """
+    if self._resolved:
+      return
+    self._bind()
+    for key in self.unresolved:
+      for spec in self.group:
+        spec._bind()  # pylint: disable=protected-access
+      if all(key in spec.unresolved for spec in self.group):
+        raise self._nowhere(self.group, key)
+    self._resolved = True
+
+  def _bind(self):
+    """Maps each argument to a parameter; what it cannot, to ``unresolved``."""
     if self._resolved is not None:
       return
     self._check_types()
@@ -130,13 +146,7 @@ class StaticArgs:
           add(item)
         except ValueError as e:
           self.unresolved[what, item] = e
-    self._resolved = True
-    for key in self.unresolved:
-      for sibling in self.siblings:
-        sibling._resolve()  # pylint: disable=protected-access
-      if all(key in s.unresolved for s in self.siblings):
-        self._resolved = None
-        raise self._nowhere((self, *self.siblings), key)
+    self._resolved = False  # bound; checked against the group by _resolve
 
   def _check_types(self):
     for name, value, one in (

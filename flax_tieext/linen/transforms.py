@@ -104,7 +104,7 @@ def _checkpoint_lift_transform(
       for m in names
     ]
     for spec in specs:
-      spec.siblings = tuple(s for s in specs if s is not spec)
+      spec.group = tuple(specs)
     methods = {m: {**kwargs, 'statics': s} for m, s in zip(names, specs)}
   return lift_transform(transform, target, methods=methods)
 
