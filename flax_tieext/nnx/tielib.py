@@ -130,10 +130,11 @@ def _lookup(root, path: Path, record: Tie, role: str, where: str):
     if not isinstance(node, nnx.Pytree) or key not in vars(node):
       found = _children(node)
       near = difflib.get_close_matches(key, found, n=3)
-      at = _dotted(path[:i])
+      at = (f'{_dotted(path[:i])!r} ({type(node).__name__})' if i else
+            f'the {type(node).__name__}')
       raise TieError(
           f'{where}: {record.describe()}: the {role} {_dotted(path)!r} does not'
-          f' exist: {at!r} ({type(node).__name__}) has no attribute {key!r}.'
+          f' exist: {at} has no attribute {key!r}.'
           + (f' Nearest: {", ".join(_dotted(path[:i] + (n,)) for n in near)}.'
              if near else '')
           + (f' It has: {", ".join(found)}.' if found else '')
