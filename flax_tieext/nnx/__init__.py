@@ -35,7 +35,8 @@ from flax_tieext import _compat
 
 remat = _compat.our_nnx_remat()
 
-# Tree mode: `graph=` on every NNX API (Flax 0.12.8 and later of the matrix).
+# Tree mode: `graph=` on every NNX API (Flax 0.12.8 and later of the matrix);
+# tielib is importable only with it.
 _TREE_MODE = 'graph' in _inspect.signature(_flax_nnx.split).parameters
 
 if _TREE_MODE:

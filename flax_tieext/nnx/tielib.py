@@ -38,7 +38,15 @@ import jax
 from flax import nnx
 from flax.nnx import variablelib
 
+from flax_tieext import nnx as _package
 from flax_tieext.errors import TieError
+
+if not _package._TREE_MODE:  # pylint: disable=protected-access
+  raise ImportError(
+      'flax_tieext.nnx.tielib is for NNX tree mode (graph=False), which this'
+      ' Flax does not have (Flax 0.12.8 and later of the supported releases'
+      ' do); in graph mode, share a module or Variable by reference.'
+  )
 
 Path = tuple[str, ...]
 TieSpec = tp.Union[str, tuple[str, tp.Callable[[tp.Any], tp.Any]]]
