@@ -605,3 +605,28 @@ def test_a_view_read_by_a_graph_mode_transform_says_to_use_tree_mode():
   model = TiedLM(16, 8, rngs=nnx.Rngs(0))
   with pytest.raises(TieError, match='graph=False'):
     nnx.jit(lambda m: m(jnp.array([1])), graph=True)(model)
+
+
+# --------------------------------------------------------------------------
+# Cost: what graph-mode sharing costs (benchmarks/test_nnx_tree_tie.py)
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize('name', ['lm', 'encoder'])
+def test_tied_train_step_compiles_to_the_cost_of_graph_mode_sharing(name):
+  from flax_tieext.examples import nnx_tree  # pylint: disable=g-import-not-at-top
+  config = nnx_tree.Config(vocab_size=64, features=16, num_layers=2, length=8,
+                           batch_size=2)
+  if name == 'lm':
+    shared = nnx_tree.SharedLM(config, rngs=nnx.Rngs(0))
+    tied = nnx_tree.TiedLM(config, rngs=nnx.Rngs(0))
+  else:
+    shared = nnx_tree.Encoder(config, share=True, graph=True, rngs=nnx.Rngs(0))
+    tied = nnx_tree.tied_encoder(config, rngs=nnx.Rngs(0))
+  tokens = nnx_tree.batch(config)
+  base, base_traces, base_losses = nnx_tree.train_step_stats(shared, tokens, graph=True)
+  cost, traces, losses = nnx_tree.train_step_stats(tied, tokens, graph=False)
+  # XLA's cost and memory analysis are deterministic; the target is 1.01.
+  assert cost.flops / base.flops <= 1.01
+  assert cost.temp_bytes / base.temp_bytes <= 1.01
+  assert cost.argument_bytes / base.argument_bytes <= 1.01
+  assert traces == base_traces == 1  # one trace for three steps
+  np.testing.assert_allclose(losses, base_losses, rtol=1e-6)
