@@ -448,6 +448,33 @@ def test_vmap_broadcasts_the_tied_source_into_every_slice():
   np.testing.assert_allclose(each, expected, rtol=1e-6)
 
 
+def test_a_broadcast_source_sliced_by_a_transform_is_refused():
+  model = TiedStackedEncoder(4, 8, 4, rngs=nnx.Rngs(0))  # 4 layers, a 4x4 mask
+
+  @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, graph=False)
+  def step(x, encoder):  # the mask scanned with the stack: lengths agree
+    return encoder.blocks(x, deterministic=True)
+
+  with pytest.raises(TieError, match=r"'mask' lies outside the stack 'blocks'.*"
+                     r'rank 2 -> 1.*\{Mask: None, \.\.\.: 0\}'):
+    step(X, model)
+
+
+def test_a_stack_of_tied_modules_maps_whole():
+  @nnx.vmap(graph=False)
+  def make(key):
+    return TiedStackedEncoder(3, 8, 4, rngs=nnx.Rngs(key))
+
+  models = make(jax.random.split(jax.random.key(0), 2))
+  assert models.mask.shape == (2, 4, 4)
+  each = nnx.vmap(lambda m, x: m(x), in_axes=(0, None), graph=False)(models, X)
+  for i in range(2):
+    mask, kernels, biases = (models.mask[i], models.blocks.qkv.kernel[i],
+                             models.blocks.qkv.bias[i])
+    np.testing.assert_allclose(each[i], _scan_by_hand(mask, kernels, biases, X),
+                               rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # cond / switch / fori_loop / while_loop
 # --------------------------------------------------------------------------

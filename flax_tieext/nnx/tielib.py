@@ -283,13 +283,38 @@ def _get(node, path: Path):
 
 def _retie(module, ties: tuple[Tie, ...]):
   """Puts each source (or its view) back at its target, in place."""
-  for record in ties:
+  ranks = vars(module).get(_BROADCAST_RANKS, (None,) * len(ties))
+  for record, rank in zip(ties, ranks):
     parent = _get(module, record.target[:-1])
     source = _get(module, record.source)
     if parent is _MISSING or source is _MISSING:
       continue
+    if rank is not None:
+      _check_broadcast(module, record, source, rank)
     object.__setattr__(parent, record.target[-1], _expected(record, source))
   return module
+
+
+# The rank of each source that a tie broadcasts into a stack (None for the
+# others), recorded at construction: a static attribute of the tied module,
+# so it travels in the pytree's structure into every transform.
+_BROADCAST_RANKS = '_tieext_broadcast_ranks'
+
+
+def _check_broadcast(module, record: Tie, source, rank: int):
+  """A source broadcast into a stack must reach each slice whole."""
+  shape = getattr(source.get_raw_value(), 'shape', None) if isinstance(
+      source, nnx.Variable) else None
+  if shape is not None and len(shape) < rank:
+    raise TieError(
+        f'{type(module).__name__}: {record.describe()}: the source'
+        f' {_dotted(record.source)!r} lies outside the stack'
+        f' {_dotted(record.target[:-1])!r} and is broadcast into it, but a'
+        f' transform sliced it (rank {rank} -> {len(shape)}), so each slice'
+        ' would read a part of it. Give it None in the transform\'s prefix,'
+        f' e.g. in_axes=nnx.prefix(model, {{{type(source).__name__}: None,'
+        ' ...: 0}, graph=False).'
+    )
 
 
 # --------------------------------------------------------------------------
@@ -355,10 +380,19 @@ def _bind(module, ties: tuple[Tie, ...]):
           f' {_dotted(record.target)!r} is {target.get_raw_value().dtype}, source'
           f' {_dotted(record.source)!r} is {want.dtype}.'
       )
+  ranks = []
   for record in ties:
     parent = _get(module, record.target[:-1])
     source = _get(module, record.source)
+    raw = source.get_raw_value()
+    want = raw if record.view is None else _view_shape(
+        record.view, tuple(raw.shape), raw.dtype)
+    stacked = _stack_axes(tuple(vars(parent)[record.target[-1]].get_raw_value().shape),
+                          tuple(want.shape))
+    ranks.append(raw.ndim if stacked else None)
     object.__setattr__(parent, record.target[-1], _expected(record, source))
+  if any(rank is not None for rank in ranks):
+    object.__setattr__(module, _BROADCAST_RANKS, tuple(ranks))
 
 
 # --------------------------------------------------------------------------
