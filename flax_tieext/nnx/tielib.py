@@ -194,6 +194,9 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
   )
 
 
+_SHARDING_METADATA = ('sharding', 'sharding_names', 'out_sharding')
+
+
 @functools.lru_cache(maxsize=256)
 def _view_shape(fn, shape, dtype) -> jax.ShapeDtypeStruct:
   return jax.eval_shape(fn, jax.ShapeDtypeStruct(shape, dtype))
@@ -202,8 +205,11 @@ def _view_shape(fn, shape, dtype) -> jax.ShapeDtypeStruct:
 def _make_view(source: nnx.Variable, fn):
   """A read-only Variable of ``source``'s type whose value is ``fn(source)``."""
   raw = source.get_raw_value()
+  # The source's metadata, less its sharding: it describes the source's axes.
+  metadata = {k: v for k, v in source.get_metadata().items()
+              if k not in _SHARDING_METADATA}
   view = _view_type(type(source))._new(
-      _view_shape(fn, tuple(raw.shape), raw.dtype), dict(source.get_metadata()))
+      _view_shape(fn, tuple(raw.shape), raw.dtype), metadata)
   object.__setattr__(view, '_tie_source', source)
   object.__setattr__(view, '_tie_view', fn)
   return view
@@ -259,9 +265,6 @@ def _check_still_tied(module, ties: tuple[Tie, ...]):
     source = _get(module, record.source)
     if slot is _MISSING or slot is source or _is_view_of(slot, source):
       continue
-    if not isinstance(slot, nnx.Variable) and not isinstance(source, nnx.Variable):
-      if slot is source:
-        continue
     raise TieError(
         f'{type(module).__name__}: {record.describe()}: the target no longer'
         f' holds its source (it holds {type(slot).__name__}); a tied module'
