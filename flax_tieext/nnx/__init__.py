@@ -12,7 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""NNX twins of ``flax.nnx`` transforms.
+"""NNX twins of ``flax.nnx`` transforms, and ties for NNX tree mode.
 
 ``flax_tieext.nnx.remat`` is ``nnx.remat`` with ``static_argnames``; it
 behaves exactly as ``flax.nnx.remat`` does once the patch is installed,
@@ -37,7 +37,8 @@ remat = _compat.our_nnx_remat()
 
 # Tree mode: `graph=` on every NNX API (Flax 0.12.8 and later of the matrix);
 # tielib is importable only with it.
-_TREE_MODE = 'graph' in _inspect.signature(_flax_nnx.split).parameters
+_TREE_MODE = hasattr(_flax_nnx, 'split') and 'graph' in _inspect.signature(
+    _flax_nnx.split).parameters
 
 if _TREE_MODE:
   from flax_tieext.nnx.tielib import tie, tie_state, untie_state  # pylint: disable=g-import-not-at-top
