@@ -628,6 +628,20 @@ def test_a_view_is_read_only():
     model.head.kernel[...] = jnp.zeros((8, 16))
 
 
+def test_a_view_shows_in_repr_without_being_read():
+  text = repr(TiedLM(16, 8, rngs=nnx.Rngs(0)))
+  assert 'ParamView' in text and 'read-only view of its tie source' in text
+
+
+def test_a_deep_copy_of_a_view_reads_the_copy_of_its_source():
+  import copy  # pylint: disable=g-import-not-at-top
+  model = TiedLM(16, 8, rngs=nnx.Rngs(0))
+  copied = copy.deepcopy(model)
+  copied.embed.embedding[...] = 2 * copied.embed.embedding[...]
+  np.testing.assert_array_equal(copied.head.kernel[...], 2 * model.head.kernel[...])
+  np.testing.assert_array_equal(model.head.kernel[...], model.embed.embedding[...].T)
+
+
 def test_a_view_read_by_a_graph_mode_transform_says_to_use_tree_mode():
   model = TiedLM(16, 8, rngs=nnx.Rngs(0))
   with pytest.raises(TieError, match='graph=False'):

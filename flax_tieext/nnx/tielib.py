@@ -28,6 +28,7 @@ protocol, is left exactly as it is.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import types
@@ -36,6 +37,7 @@ import typing as tp
 import jax
 
 from flax import nnx
+from flax.nnx import reprlib
 from flax.nnx import variablelib
 
 from flax_tieext import nnx as _package
@@ -155,6 +157,7 @@ def _lookup(root, path: Path, record: Tie, role: str, where: str):
 # Read-only views
 # --------------------------------------------------------------------------
 _WHOLE = object()  # get_value() without an index
+_VIEW_SLOTS = ('_tie_source', '_tie_view')
 
 
 @functools.cache
@@ -184,11 +187,49 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
         ' to the source Variable instead.'
     )
 
+  def describe(self):
+    """What a repr shows: the view's function and shape, not its value.
+
+    Representations copy a Variable without its source (``nnx.display``,
+    ``repr``), so they show the view, never read it.
+    """
+    fn = getattr(self, '_tie_view', None)
+    return {'view': _name(fn) if fn is not None else '?',
+            'value': self.get_raw_value()}
+
+  def __nnx_repr__(self):
+    yield reprlib.Object(type=type(self).__name__,
+                         comment=' # a read-only view of its tie source')
+    for name, value in describe(self).items():
+      yield reprlib.Attr(name, value)
+
+  def __treescope_repr__(self, path, subtree_renderer):
+    import treescope  # pylint: disable=g-import-not-at-top
+    return treescope.repr_lib.render_object_constructor(
+        object_type=type(self), attributes=describe(self), path=path,
+        subtree_renderer=subtree_renderer)
+
+  def __getstate__(self):  # copy and pickle keep the source
+    state = dict(var_type.__getstate__(self))
+    for name in _VIEW_SLOTS:
+      if hasattr(self, name):
+        state[name] = getattr(self, name)
+    return state
+
+  def __setstate__(self, state):
+    state = dict(state)
+    slots = {name: state.pop(name) for name in _VIEW_SLOTS if name in state}
+    var_type.__setstate__(self, state)
+    for name, value in slots.items():
+      object.__setattr__(self, name, value)
+
   return types.new_class(
       f'{var_type.__name__}View', (var_type,), {},
       lambda ns: ns.update(
-          __slots__=('_tie_source', '_tie_view'), __module__=__name__,
+          __slots__=_VIEW_SLOTS, __module__=__name__,
           get_value=get_value, set_value=set_value,
+          __getstate__=__getstate__, __setstate__=__setstate__,
+          __nnx_repr__=__nnx_repr__, __treescope_repr__=__treescope_repr__,
           __doc__=f'A read-only view of another Variable, as a {var_type.__name__}.',
       ),
   )
@@ -494,19 +535,28 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
   def _pytree__unflatten(cls, static, children):
     return _retie(parent._pytree__unflatten.__func__(cls, static, children), all_ties)
 
-  return types.new_class(
-      module_class.__name__, (module_class,), {},
-      lambda ns: ns.update(
-          __module__=module_class.__module__,
-          __qualname__=module_class.__qualname__,
-          __doc__=module_class.__doc__,
-          __init__=__init__,
-          _tieext_ties=all_ties,
-          _pytree__flatten_with_paths=_pytree__flatten_with_paths,
-          _pytree__flatten=_pytree__flatten,
-          _pytree__unflatten=classmethod(_pytree__unflatten),
-      ),
+  namespace = dict(
+      __module__=module_class.__module__,
+      __qualname__=module_class.__qualname__,
+      __doc__=module_class.__doc__,
+      __init__=__init__,
+      _tieext_ties=all_ties,
+      _pytree__flatten_with_paths=_pytree__flatten_with_paths,
+      _pytree__flatten=_pytree__flatten,
+      _pytree__unflatten=classmethod(_pytree__unflatten),
   )
+  if any(record.view is not None for record in all_ties):
+    # NNX deep-copies a module through graph mode, which copies a view
+    # without its source; through the pytree, the copy's view reads the
+    # copy's source.
+    def __deepcopy__(self, memo=None):
+      del memo
+      leaves, treedef = jax.tree.flatten(self)
+      return jax.tree.unflatten(treedef, copy.deepcopy(leaves))
+
+    namespace['__deepcopy__'] = __deepcopy__
+  return types.new_class(module_class.__name__, (module_class,), {},
+                         lambda ns: ns.update(namespace))
 
 
 M = tp.TypeVar('M', bound=nnx.Module)
