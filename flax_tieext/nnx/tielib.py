@@ -275,8 +275,8 @@ def _target_trie(ties: tuple[Tie, ...]) -> dict:
 
 def _without_targets(node, trie: dict):
   """A shallow copy of ``node`` without the target slots (copies on the way)."""
-  copy = object.__new__(type(node))
-  attrs = vars(copy)
+  shallow = object.__new__(type(node))
+  attrs = vars(shallow)
   attrs.update(vars(node))
   for key, rest in trie.items():
     if key not in attrs:
@@ -285,7 +285,7 @@ def _without_targets(node, trie: dict):
       del attrs[key]
     elif isinstance(attrs[key], nnx.Pytree):
       attrs[key] = _without_targets(attrs[key], rest)
-  return copy
+  return shallow
 
 
 def _expected(record: Tie, source):
@@ -373,7 +373,9 @@ def _stack_axes(target_shape, source_shape) -> int | None:
 
 
 def _bind(module, ties: tuple[Tie, ...]):
+  """Checks ``ties`` on a constructed ``module`` and puts each source in place."""
   where = type(module).__name__
+  ranks = []  # of each source broadcast into a stack (None for the others)
   for record in ties:
     target = _lookup(module, record.target, record, 'target', where)
     source = _lookup(module, record.source, record, 'source', where)
@@ -424,17 +426,12 @@ def _bind(module, ties: tuple[Tie, ...]):
           f' {_dotted(record.target)!r} is {target.get_raw_value().dtype}, source'
           f' {_dotted(record.source)!r} is {want.dtype}.'
       )
-  ranks = []
+    # Past the checks, shapes differ only for a target inside a stack.
+    ranks.append(raw.ndim if t_shape != s_shape else None)
   for record in ties:
     parent = _get(module, record.target[:-1])
-    source = _get(module, record.source)
-    raw = source.get_raw_value()
-    want = raw if record.view is None else _view_shape(
-        record.view, tuple(raw.shape), raw.dtype)
-    stacked = _stack_axes(tuple(vars(parent)[record.target[-1]].get_raw_value().shape),
-                          tuple(want.shape))
-    ranks.append(raw.ndim if stacked else None)
-    object.__setattr__(parent, record.target[-1], _expected(record, source))
+    object.__setattr__(parent, record.target[-1],
+                       _expected(record, _get(module, record.source)))
   if any(rank is not None for rank in ranks):
     object.__setattr__(module, _BROADCAST_RANKS, tuple(ranks))
 
