@@ -50,6 +50,7 @@ if not _package._TREE_MODE:  # pylint: disable=protected-access
       ' do); in graph mode, share a module or Variable by reference.'
   )
 
+M = tp.TypeVar('M', bound=nnx.Module)
 Path = tuple[str, ...]
 TieSpec = tp.Union[str, tuple[str, tp.Callable[[tp.Any], tp.Any]]]
 
@@ -555,8 +556,6 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
   return types.new_class(module_class.__name__, (module_class,), {},
                          lambda ns: ns.update(namespace))
 
-
-M = tp.TypeVar('M', bound=nnx.Module)
 
 
 # --------------------------------------------------------------------------
