@@ -23,7 +23,8 @@
   ``<!-- fragment: why -->`` and is not run.
 * A page that needs a module some supported Flax releases lack says so in
   its first lines, ``<!-- requires: flax.nnx.bridge -->``; where it cannot be
-  imported, the page's examples are skipped with that reason.
+  imported, the page's examples are skipped with that reason. The same line
+  right above one block says it of that block alone.
 
 Other fences (``text``, ``bash``, directives) are not Python.
 
@@ -45,6 +46,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
 FENCE = re.compile(
     r'^(?P<marker><!-- fragment:[^\n]*-->\n)?'
+    r'(?:<!-- requires: (?P<requires>\S+) -->\n)?'
     r'```(?P<lang>python|\{doctest\})[^\n]*\n(?P<body>.*?)^```\s*$',
     re.M | re.S,
 )
@@ -60,24 +62,28 @@ sys.exit(1 if runner.failures or not runner.tries else 0)
 """
 
 
+def _missing(rel, modules):
+  return [pytest.mark.skip(reason=f'{rel} needs {module}, which this Flax lacks')
+          for module in modules if not _importable(module)]
+
+
 def _examples():
   """pytest params: (page, what to run), ids `page:line`."""
   params = []
   for page in PAGES:
     text = page.read_text()
     rel = page.relative_to(ROOT).as_posix()
-    marks = [pytest.mark.skip(reason=f'{rel} needs {module}, which this Flax'
-                              ' lacks')
-             for module in re.findall(r'<!-- requires: (\S+) -->', text)
-             if not _importable(module)]
+    marks = _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
     doctests = []
     for match in FENCE.finditer(text):
       if match['marker']:
         continue
       line = text.count('\n', 0, match.start('body')) + 1
       if match['lang'] == 'python':
-        params.append(pytest.param('python', match['body'], marks=marks,
-                                   id=f'{rel}:{line}'))
+        block = [match['requires']] if match['requires'] else []
+        params.append(pytest.param(
+            'python', match['body'], id=f'{rel}:{line}',
+            marks=marks + _missing(f'{rel}:{line}', block)))
       else:
         doctests.append(match['body'])
     if doctests:

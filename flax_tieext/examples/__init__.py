@@ -25,4 +25,7 @@ and the benchmarks, each in a file named for it:
   Orbax (``docs/scaling.md``).
 * :mod:`flax_tieext.examples.launch`: runs a program as N local
   ``jax.distributed`` processes (the tests, and the demo's ``--processes``).
+* :mod:`flax_tieext.examples.nnx_tree`: NNX models tied in tree mode with
+  ``flax_tieext.nnx.tie`` and their graph-mode shared references (needs a Flax
+  with tree mode).
 """

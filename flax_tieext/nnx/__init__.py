@@ -12,19 +12,45 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""NNX twins of ``flax.nnx`` transforms.
+"""NNX twins of ``flax.nnx`` transforms, and ties for NNX tree mode.
 
 ``flax_tieext.nnx.remat`` is ``nnx.remat`` with ``static_argnames``; it
 behaves exactly as ``flax.nnx.remat`` does once the patch is installed,
 whether or not it is. Where the installed Flax's ``nnx.remat`` has graph and
 tree modes it is Flax main's own (``transforms/autodiff.py``, which moves into
-Flax verbatim); on older releases, ``flax_tieext._compat.nnx_remat``. Ties
-need no transform in NNX: a module used at two places *is* shared (see
-``docs/nnx.md``).
+Flax verbatim); on older releases, ``flax_tieext._compat.nnx_remat``.
+
+In graph mode ties need no transform: a module or Variable used at two places
+*is* shared. Tree mode (``graph=False``) refuses such aliases; ``tie``
+declares them so that tree mode keeps one Variable at two places
+(``tielib.py``, see ``docs/nnx.md``), and ``tie_state`` / ``untie_state``
+convert states between the tied and the untied layout.
 """
 
-import flax.nnx as _flax_nnx  # pylint: disable=unused-import
+import inspect as _inspect
+
+import flax.nnx as _flax_nnx
 
 from flax_tieext import _compat
 
 remat = _compat.our_nnx_remat()
+
+# Tree mode: `graph=` on every NNX API (Flax 0.12.8 and later of the matrix);
+# tielib is importable only with it.
+_TREE_MODE = hasattr(_flax_nnx, 'split') and 'graph' in _inspect.signature(
+    _flax_nnx.split).parameters
+
+if _TREE_MODE:
+  from flax_tieext.nnx.tielib import tie, tie_state, untie_state  # pylint: disable=g-import-not-at-top
+else:
+
+  def _needs_tree_mode(*args, **kwargs):
+    del args, kwargs
+    from flax_tieext.errors import TieError  # pylint: disable=g-import-not-at-top
+    raise TieError(
+        f'flax_tieext.nnx ties are for NNX tree mode (graph=False), which Flax'
+        f' {_compat.FLAX_VERSION} does not have; in graph mode, share the'
+        ' module or Variable by reference instead (docs/nnx.md).'
+    )
+
+  tie = tie_state = untie_state = _needs_tree_mode

@@ -1,0 +1,674 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Ties in tree-mode NNX: one Variable at two places under ``graph=False``.
+
+In graph mode an NNX module may hold one Variable at two places and every
+API keeps the sharing. Tree mode (``graph=False``, Flax FLIP 5310) treats a
+module as a JAX pytree, which cannot share: an alias is refused with
+"Duplicate Param ... does not support Variable aliasing". :func:`tie` brings
+the sharing back the way ``eqx.nn.Shared`` does, by tree surgery: the tied
+module's pytree holds each tied Variable once (at its source), and every
+unflatten, which is how each tree-mode API and transform rebuilds the module,
+puts the source Variable back at the target. The whole mechanism is the
+module's pytree flatten and unflatten; graph mode, which uses the graph
+protocol, is left exactly as it is.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import types
+import typing as tp
+
+import jax
+
+from flax import nnx
+from flax.nnx import reprlib
+from flax.nnx import variablelib
+
+from flax_tieext import nnx as _package
+from flax_tieext.errors import TieError
+
+if not _package._TREE_MODE:  # pylint: disable=protected-access
+  raise ImportError(
+      'flax_tieext.nnx.tielib is for NNX tree mode (graph=False), which this'
+      ' Flax does not have (Flax 0.12.8 and later of the supported releases'
+      ' do); in graph mode, share a module or Variable by reference.'
+  )
+
+M = tp.TypeVar('M', bound=nnx.Module)
+Path = tuple[str, ...]
+TieSpec = tp.Union[str, tuple[str, tp.Callable[[tp.Any], tp.Any]]]
+
+
+class Tie(tp.NamedTuple):
+  """One declared tie: ``target`` reads ``source`` (through ``view``)."""
+  target: Path
+  source: Path
+  view: tp.Callable[[tp.Any], tp.Any] | None = None
+
+  def describe(self) -> str:
+    view = '' if self.view is None else f' (through {_name(self.view)})'
+    return f"tie {_dotted(self.target)!r} -> {_dotted(self.source)!r}{view}"
+
+
+def _dotted(path: Path) -> str:
+  return '.'.join(path) if path else '.'
+
+
+def _name(fn) -> str:
+  return getattr(fn, '__qualname__', None) or repr(fn)
+
+
+def _parse_path(spelled: tp.Any, role: str, where: str) -> Path:
+  if isinstance(spelled, tuple) and all(isinstance(p, (str, int)) for p in spelled):
+    path = tuple(str(p) for p in spelled)
+  elif isinstance(spelled, str):
+    path = tuple(spelled.split('.')) if spelled else ()
+  else:
+    raise TieError(
+        f'{where}: the {role} {spelled!r} is not a path. Spell it as NNX does,'
+        " an attribute path such as 'head.kernel' or ('layers', 0, 'kernel')."
+    )
+  if not path or any(not p for p in path):
+    raise TieError(
+        f'{where}: the {role} {spelled!r} names no Variable. Spell it as an'
+        " attribute path such as 'head.kernel', relative to the tied module."
+    )
+  return path
+
+
+def parse_ties(ties: tp.Mapping[tp.Any, TieSpec], where: str) -> tuple[Tie, ...]:
+  """``{target: source | (source, view_fn)}`` as :class:`Tie` records, checked."""
+  if not isinstance(ties, tp.Mapping) or not ties:
+    raise TieError(
+        f"{where}: ties must be a non-empty mapping {{target: source}}, such as"
+        f" {{'head.kernel': 'embed.embedding'}}; got {ties!r}."
+    )
+  records = []
+  for target, spec in ties.items():
+    view = None
+    if isinstance(spec, tuple) and len(spec) == 2 and callable(spec[1]):
+      spec, view = spec
+    record = Tie(_parse_path(target, 'target', where),
+                 _parse_path(spec, 'source', where), view)
+    t, s = record.target, record.source
+    if t[:len(s)] == s or s[:len(t)] == t:
+      raise TieError(
+          f'{where}: {record.describe()} ties a path to '
+          + ('itself' if t == s else 'a path inside it') +
+          '; a tie shares one Variable between two separate places.'
+      )
+    records.append(record)
+  targets = [r.target for r in records]
+  for r in records:
+    if r.source in targets:
+      raise TieError(
+          f'{where}: {r.describe()} reads a path that is itself a tie target;'
+          f' tie {_dotted(r.target)!r} to'
+          f' {_dotted(records[targets.index(r.source)].source)!r} directly.'
+      )
+  return tuple(records)
+
+
+# --------------------------------------------------------------------------
+# Paths in a module
+# --------------------------------------------------------------------------
+def _children(node) -> list[str]:
+  if not isinstance(node, nnx.Pytree):
+    return []
+  return sorted(k for k in vars(node) if not k.startswith('_'))
+
+
+def _lookup(root, path: Path, record: Tie, role: str, where: str):
+  """The value at ``path`` in ``root``, or a TieError naming what is near."""
+  node = root
+  for i, key in enumerate(path):
+    if not isinstance(node, nnx.Pytree) or key not in vars(node):
+      found = _children(node)
+      near = difflib.get_close_matches(key, found, n=3)
+      at = (f'{_dotted(path[:i])!r} ({type(node).__name__})' if i else
+            f'the {type(node).__name__}')
+      raise TieError(
+          f'{where}: {record.describe()}: the {role} {_dotted(path)!r} does not'
+          f' exist: {at} has no attribute {key!r}.'
+          + (f' Nearest: {", ".join(_dotted(path[:i] + (n,)) for n in near)}.'
+             if near else '')
+          + (f' It has: {", ".join(found)}.' if found else '')
+      )
+    node = vars(node)[key]
+  return node
+
+
+# --------------------------------------------------------------------------
+# Read-only views
+# --------------------------------------------------------------------------
+_WHOLE = object()  # get_value() without an index
+_VIEW_SLOTS = ('_tie_source', '_tie_view')
+
+
+@functools.cache
+def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
+  """A ``var_type`` whose value is computed from its source on every read."""
+
+  def get_value(self, *, index=_WHOLE):
+    try:
+      source, fn = self._tie_source, self._tie_view
+    except AttributeError:
+      raise TieError(
+          f'A {var_type.__name__} tied through a view was rebuilt without its'
+          ' source: a graph-mode transform or nnx.merge(graph=True) copies'
+          ' Variables one by one. View ties are resolved by tree mode: pass'
+          ' graph=False to the transform (or tie without a view, a shared'
+          ' reference that graph mode keeps).'
+      ) from None
+    value = fn(source.get_value())
+    if not (index is _WHOLE or index is ... or isinstance(index, variablelib.Missing)):
+      value = value[index]
+    return value
+
+  def set_value(self, value, *, index=_WHOLE):
+    del value, index
+    raise TieError(
+        f'{type(self).__name__} is a read-only view of its tie source: write'
+        ' to the source Variable instead.'
+    )
+
+  def describe(self):
+    """What a repr shows: the view's function and shape, not its value.
+
+    Representations copy a Variable without its source (``nnx.display``,
+    ``repr``), so they show the view, never read it.
+    """
+    fn = getattr(self, '_tie_view', None)
+    return {'view': _name(fn) if fn is not None else '?',
+            'value': self.get_raw_value()}
+
+  def __nnx_repr__(self):
+    yield reprlib.Object(type=type(self).__name__,
+                         comment=' # a read-only view of its tie source')
+    for name, value in describe(self).items():
+      yield reprlib.Attr(name, value)
+
+  def __treescope_repr__(self, path, subtree_renderer):
+    import treescope  # pylint: disable=g-import-not-at-top
+    return treescope.repr_lib.render_object_constructor(
+        object_type=type(self), attributes=describe(self), path=path,
+        subtree_renderer=subtree_renderer)
+
+  def __getstate__(self):  # copy and pickle keep the source
+    state = dict(var_type.__getstate__(self))
+    for name in _VIEW_SLOTS:
+      if hasattr(self, name):
+        state[name] = getattr(self, name)
+    return state
+
+  def __setstate__(self, state):
+    state = dict(state)
+    slots = {name: state.pop(name) for name in _VIEW_SLOTS if name in state}
+    var_type.__setstate__(self, state)
+    for name, value in slots.items():
+      object.__setattr__(self, name, value)
+
+  return types.new_class(
+      f'{var_type.__name__}View', (var_type,), {},
+      lambda ns: ns.update(
+          __slots__=_VIEW_SLOTS, __module__=__name__,
+          get_value=get_value, set_value=set_value,
+          __getstate__=__getstate__, __setstate__=__setstate__,
+          __nnx_repr__=__nnx_repr__, __treescope_repr__=__treescope_repr__,
+          __doc__=f'A read-only view of another Variable, as a {var_type.__name__}.',
+      ),
+  )
+
+
+_SHARDING_METADATA = ('sharding', 'sharding_names', 'out_sharding')
+
+
+@functools.lru_cache(maxsize=256)
+def _view_shape(fn, shape, dtype) -> jax.ShapeDtypeStruct:
+  return jax.eval_shape(fn, jax.ShapeDtypeStruct(shape, dtype))
+
+
+def _make_view(source: nnx.Variable, fn):
+  """A read-only Variable of ``source``'s type whose value is ``fn(source)``."""
+  raw = source.get_raw_value()
+  # The source's metadata, less its sharding: it describes the source's axes.
+  metadata = {k: v for k, v in source.get_metadata().items()
+              if k not in _SHARDING_METADATA}
+  view = _view_type(type(source))._new(
+      _view_shape(fn, tuple(raw.shape), raw.dtype), metadata)
+  object.__setattr__(view, '_tie_source', source)
+  object.__setattr__(view, '_tie_view', fn)
+  return view
+
+
+def _is_view_of(value, source) -> bool:
+  return getattr(value, '_tie_source', None) is source
+
+
+# --------------------------------------------------------------------------
+# Tree surgery: the pytree holds the source once, unflatten puts it back
+# --------------------------------------------------------------------------
+def _target_trie(ties: tuple[Tie, ...]) -> dict:
+  trie: dict = {}
+  for record in ties:
+    node = trie
+    for key in record.target[:-1]:
+      node = node.setdefault(key, {})
+    node[record.target[-1]] = None
+  return trie
+
+
+def _without_targets(node, trie: dict):
+  """A shallow copy of ``node`` without the target slots (copies on the way)."""
+  shallow = object.__new__(type(node))
+  attrs = vars(shallow)
+  attrs.update(vars(node))
+  for key, rest in trie.items():
+    if key not in attrs:
+      continue
+    if rest is None:
+      del attrs[key]
+    elif isinstance(attrs[key], nnx.Pytree):
+      attrs[key] = _without_targets(attrs[key], rest)
+  return shallow
+
+
+def _expected(record: Tie, source):
+  """What the target slot holds when it shares ``source``."""
+  if (record.view is not None and isinstance(source, nnx.Variable)
+      and hasattr(source.get_raw_value(), 'dtype')):
+    return _make_view(source, record.view)
+  return source  # a leaf that is not an array (a prefix, a sharding) mirrors
+
+
+def _check_still_tied(module, ties: tuple[Tie, ...]):
+  """A target that no longer holds its source would be dropped: refuse it."""
+  for record in ties:
+    parent = _get(module, record.target[:-1])
+    if not isinstance(parent, nnx.Pytree):
+      continue
+    slot = vars(parent).get(record.target[-1], _MISSING)
+    source = _get(module, record.source)
+    if slot is _MISSING or slot is source or _is_view_of(slot, source):
+      continue
+    raise TieError(
+        f'{type(module).__name__}: {record.describe()}: the target no longer'
+        f' holds its source (it holds {type(slot).__name__}); a tied module'
+        ' stores the target only as its source, so the new value would be'
+        ' lost. Assign to the source, or declare the model without this tie.'
+    )
+
+
+_MISSING = object()
+
+
+def _get(node, path: Path):
+  for key in path:
+    if not isinstance(node, nnx.Pytree) or key not in vars(node):
+      return _MISSING
+    node = vars(node)[key]
+  return node
+
+
+def _retie(module, ties: tuple[Tie, ...]):
+  """Puts each source (or its view) back at its target, in place."""
+  ranks = vars(module).get(_BROADCAST_RANKS, (None,) * len(ties))
+  for record, rank in zip(ties, ranks):
+    parent = _get(module, record.target[:-1])
+    source = _get(module, record.source)
+    if parent is _MISSING or source is _MISSING:
+      continue
+    if rank is not None:
+      _check_broadcast(module, record, source, rank)
+    object.__setattr__(parent, record.target[-1], _expected(record, source))
+  return module
+
+
+# The rank of each source that a tie broadcasts into a stack (None for the
+# others), recorded at construction: a static attribute of the tied module,
+# so it travels in the pytree's structure into every transform.
+_BROADCAST_RANKS = '_tieext_broadcast_ranks'
+
+
+def _check_broadcast(module, record: Tie, source, rank: int):
+  """A source broadcast into a stack must reach each slice whole."""
+  shape = getattr(source.get_raw_value(), 'shape', None) if isinstance(
+      source, nnx.Variable) else None
+  if shape is not None and len(shape) < rank:
+    raise TieError(
+        f'{type(module).__name__}: {record.describe()}: the source'
+        f' {_dotted(record.source)!r} lies outside the stack'
+        f' {_dotted(record.target[:-1])!r} and is broadcast into it, but a'
+        f' transform sliced it (rank {rank} -> {len(shape)}), so each slice'
+        ' would read a part of it. Give it None in the transform\'s prefix,'
+        f' e.g. in_axes=nnx.prefix(model, {{{type(source).__name__}: None,'
+        ' ...: 0}, graph=False).'
+    )
+
+
+# --------------------------------------------------------------------------
+# Binding, with the checks a user needs at construction
+# --------------------------------------------------------------------------
+def _stack_axes(target_shape, source_shape) -> int | None:
+  """How many leading axes ``target_shape`` adds to ``source_shape`` (or None)."""
+  extra = len(target_shape) - len(source_shape)
+  if extra >= 0 and tuple(target_shape[extra:]) == tuple(source_shape):
+    return extra
+  return None
+
+
+def _bind(module, ties: tuple[Tie, ...]):
+  """Checks ``ties`` on a constructed ``module`` and puts each source in place."""
+  where = type(module).__name__
+  ranks = []  # of each source broadcast into a stack (None for the others)
+  for record in ties:
+    target = _lookup(module, record.target, record, 'target', where)
+    source = _lookup(module, record.source, record, 'source', where)
+    for role, value in (('target', target), ('source', source)):
+      if not isinstance(value, nnx.Variable):
+        raise TieError(
+            f'{where}: {record.describe()}: the {role}'
+            f' {_dotted(getattr(record, role))!r} is a {type(value).__name__},'
+            ' not a Variable. Ties share Variables; to share a whole module,'
+            ' assign it at both places (graph mode) or tie each Variable.'
+        )
+    if type(target) is not type(source):
+      raise TieError(
+          f'{where}: {record.describe()}: the target is a'
+          f' {type(target).__name__}, the source a {type(source).__name__}.'
+          ' A tied target becomes its source, so filters such as nnx.Param'
+          ' would see it change kind; make both the same Variable type.'
+      )
+    raw = source.get_raw_value()
+    want = (_view_shape(record.view, tuple(raw.shape), raw.dtype)
+            if record.view is not None else raw)
+    t_shape = tuple(target.get_raw_value().shape)
+    s_shape = tuple(want.shape)
+    if t_shape != s_shape:
+      view = '' if record.view is None else ' (after the view)'
+      if _stack_axes(s_shape, t_shape):
+        raise TieError(
+            f'{where}: {record.describe()}: the source {_dotted(record.source)!r}'
+            f' has shape {s_shape}{view}, the target {t_shape}: the source lies'
+            f' inside a stack of {s_shape[0]} (a module made by nnx.vmap or'
+            ' iterated by nnx.scan) and the target does not, so one target'
+            ' would read many values. Tie a target inside the same stack, or'
+            ' move the source out of the stack.'
+        )
+      if not _stack_axes(t_shape, s_shape):
+        raise TieError(
+            f'{where}: {record.describe()}: shapes differ: target'
+            f' {_dotted(record.target)!r} has {t_shape}, source'
+            f' {_dotted(record.source)!r} has {s_shape}{view}.'
+            + ('' if record.view is not None else
+               ' To tie through a transpose, give (source, jnp.transpose).')
+        )
+      # A target inside a stack, the source outside it: the tie broadcasts
+      # the source into every slice (the transform's prefix gives it None).
+    if target.get_raw_value().dtype != want.dtype:
+      raise TieError(
+          f'{where}: {record.describe()}: dtypes differ: target'
+          f' {_dotted(record.target)!r} is {target.get_raw_value().dtype}, source'
+          f' {_dotted(record.source)!r} is {want.dtype}.'
+      )
+    # Past the checks, shapes differ only for a target inside a stack.
+    ranks.append(raw.ndim if t_shape != s_shape else None)
+  for record in ties:
+    parent = _get(module, record.target[:-1])
+    object.__setattr__(parent, record.target[-1],
+                       _expected(record, _get(module, record.source)))
+  if any(rank is not None for rank in ranks):
+    object.__setattr__(module, _BROADCAST_RANKS, tuple(ranks))
+
+
+# --------------------------------------------------------------------------
+# The public entry point
+# --------------------------------------------------------------------------
+def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
+  """``module_class`` with Variables that are one Variable at two places.
+
+  NNX in graph mode shares by reference: ``self.head.kernel =
+  self.embed.embedding`` stores one Variable, and every use reads and writes
+  it. Tree mode (``graph=False`` on ``nnx.split``, ``nnx.state``, ``nnx.jit``,
+  ``nnx.grad``, ``nnx.remat``, ``nnx.scan``, ...) treats the module as a JAX
+  pytree, which cannot share, and refuses the alias. ``tie`` declares the
+  sharing instead: each ``target`` path becomes the Variable at its
+  ``source`` path, as in graph mode, and the module's pytree holds it once,
+  at the source, so tree-mode APIs see one leaf (one gradient, one optimizer
+  update, one checkpoint entry). Every tree-mode transform rebuilds its
+  input from that pytree, and the rebuild puts the source back at the
+  target, so inside the transform both places read and write one Variable
+  and gradients sum over both uses. Graph mode is unchanged: it sees the
+  shared reference, as it would without ``tie``.
+
+  ``ties`` maps a target to a source, attribute paths relative to the module
+  in NNX's spelling (``'head.kernel'``, ``'layers.0.kernel'``); a source may
+  be ``(source, view_fn)``, a read-only view such as a transpose, recomputed
+  from the source on every read (a tree-mode feature: graph-mode transforms
+  copy Variables one by one and the view refuses to be read there).
+
+  A target inside a stack of modules (made by ``nnx.vmap``) may be tied to a
+  source outside it: give the source ``None`` in the transform's prefix
+  (``nnx.prefix(model, {Mask: None, ...: 0})``), and every slice reads it.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import flax_tieext.nnx
+    ...
+    >>> class LM(nnx.Module):
+    ...   def __init__(self, vocab, features, *, rngs):
+    ...     self.embed = nnx.Embed(vocab, features, rngs=rngs)
+    ...     self.head = nnx.Linear(features, vocab, use_bias=False, rngs=rngs)
+    ...   def __call__(self, tokens):
+    ...     return self.head(self.embed(tokens))
+    ...
+    >>> TiedLM = flax_tieext.nnx.tie(
+    ...     LM, {'head.kernel': ('embed.embedding', jnp.transpose)})
+    >>> model = TiedLM(8, 4, rngs=nnx.Rngs(0))
+    >>> graphdef, params = nnx.split(model, nnx.Param, graph=False)
+    >>> jax.tree.map(jnp.shape, nnx.to_pure_dict(params))
+    {'embed': {'embedding': (8, 4)}}
+    >>> grads = nnx.grad(lambda m: m(jnp.arange(3)).sum(), graph=False)(model)
+    >>> grads.embed.embedding.shape  # one gradient: both uses, summed
+    (8, 4)
+
+  Args:
+    module_class: an ``nnx.Module`` subclass.
+    ties: ``{target: source}`` or ``{target: (source, view_fn)}``.
+
+  Returns:
+    A subclass of ``module_class`` of the same name whose instances are tied
+    once ``__init__`` returns.
+
+  Raises:
+    TieError: at construction, for a path that does not exist (naming the
+      nearest attributes), a target or source that is not a Variable, Variable
+      types, shapes or dtypes that differ, or a source inside a stack whose
+      target is not; at flattening, for a target that was reassigned.
+  """
+  if not (isinstance(module_class, type) and issubclass(module_class, nnx.Pytree)
+          and module_class._pytree__is_pytree):  # pylint: disable=protected-access
+    raise TieError(
+        f'tie: {module_class!r} is not an NNX module class that is a pytree;'
+        ' tie(module_class, ties) takes the class, as nn.tie does.'
+    )
+  records = parse_ties(ties, f'tie({module_class.__name__})')
+  inherited = getattr(module_class, '_tieext_ties', ())
+  all_ties = inherited + records
+  trie = _target_trie(all_ties)
+  parent = module_class
+
+  @functools.wraps(module_class.__init__)
+  def __init__(self, *args, **kwargs):
+    parent.__init__(self, *args, **kwargs)
+    if type(self)._tieext_ties is all_ties:  # the outermost tie binds them all
+      _bind(self, all_ties)
+
+  def _pytree__flatten_with_paths(self):
+    _check_still_tied(self, all_ties)
+    return parent._pytree__flatten_with_paths(_without_targets(self, trie))
+
+  def _pytree__flatten(self):
+    _check_still_tied(self, all_ties)
+    return parent._pytree__flatten(_without_targets(self, trie))
+
+  def _pytree__unflatten(cls, static, children):
+    return _retie(parent._pytree__unflatten.__func__(cls, static, children), all_ties)
+
+  namespace = dict(
+      __module__=module_class.__module__,
+      __qualname__=module_class.__qualname__,
+      __doc__=module_class.__doc__,
+      __init__=__init__,
+      _tieext_ties=all_ties,
+      _pytree__flatten_with_paths=_pytree__flatten_with_paths,
+      _pytree__flatten=_pytree__flatten,
+      _pytree__unflatten=classmethod(_pytree__unflatten),
+  )
+  if any(record.view is not None for record in all_ties):
+    # NNX deep-copies a module through graph mode, which copies a view
+    # without its source; through the pytree, the copy's view reads the
+    # copy's source.
+    def __deepcopy__(self, memo=None):
+      del memo
+      leaves, treedef = jax.tree.flatten(self)
+      return jax.tree.unflatten(treedef, copy.deepcopy(leaves))
+
+    namespace['__deepcopy__'] = __deepcopy__
+  return types.new_class(module_class.__name__, (module_class,), {},
+                         lambda ns: ns.update(namespace))
+
+
+
+# --------------------------------------------------------------------------
+# Converting states between the tied and the untied layout
+# --------------------------------------------------------------------------
+def _flat(state: nnx.State) -> dict[Path, tp.Any]:
+  """``state``'s Variables by path, integer keys (``nnx.List``) spelled as str."""
+  return {tuple(str(k) for k in key): value for key, value in state.flat_state()}
+
+
+def _from_flat(flat: dict[Path, tp.Any]) -> nnx.State:
+  key = lambda path: tuple(int(k) if k.isdigit() else k for k in path)
+  return nnx.from_flat_state([(key(p), v) for p, v in flat.items()])
+
+
+def _records(ties, where: str) -> tuple[Tie, ...]:
+  if isinstance(ties, type) and hasattr(ties, '_tieext_ties'):
+    return ties._tieext_ties  # pylint: disable=protected-access
+  return parse_ties(ties, where)
+
+
+def untie_state(state: nnx.State, ties) -> nnx.State:
+  """The state of the untied model: each target holds a copy of its source.
+
+  ``state`` is a tree-mode state of a tied module (``nnx.state(model,
+  graph=False)``), which holds each tied Variable once; the result also holds
+  every target, as the same module class without :func:`tie` stores it (a
+  view's target holds the view of its source), ready for that model's
+  ``nnx.update`` or a checkpoint in the untied layout. ``ties`` is the tied
+  class or the mapping given to :func:`tie`.
+
+  Example::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import flax_tieext.nnx
+    ...
+    >>> state = nnx.State({'embed': {'embedding': nnx.Param(jnp.ones((8, 4)))}})
+    >>> ties = {'head.kernel': ('embed.embedding', jnp.transpose)}
+    >>> untied = flax_tieext.nnx.untie_state(state, ties)
+    >>> untied['head']['kernel'].shape
+    (4, 8)
+    >>> tied = flax_tieext.nnx.tie_state(untied, ties)
+    >>> sorted(nnx.to_pure_dict(tied))
+    ['embed']
+
+  Raises:
+    TieError: a source missing from ``state``, or a target already in it.
+  """
+  records = _records(ties, 'untie_state')
+  flat = _flat(state)
+  for record in records:
+    if record.source not in flat:
+      raise TieError(
+          f'untie_state: {record.describe()}: the source'
+          f' {_dotted(record.source)!r} is not in the state; it has: '
+          + ', '.join(_near(record.source, flat)) + '.'
+      )
+    if record.target in flat:
+      raise TieError(
+          f'untie_state: {record.describe()}: the target'
+          f' {_dotted(record.target)!r} is already in the state, which is'
+          ' then untied already.'
+      )
+    source = flat[record.source]
+    value = source.get_value()
+    if record.view is not None:
+      value = record.view(value)
+    flat[record.target] = source.replace(jax.numpy.array(value, copy=True))
+  return _from_flat(flat)
+
+
+def tie_state(state: nnx.State, ties) -> nnx.State:
+  """The state of the tied model: targets removed, once checked equal.
+
+  The inverse of :func:`untie_state`: converts a state (a checkpoint) of the
+  untied model into the layout a :func:`tie` model stores, refusing a target
+  whose value differs from its source (or from the view of it), which the
+  tied model could not represent.
+
+  Raises:
+    TieError: a missing target or source, or a target that differs from its
+      source (naming both paths and the largest difference).
+  """
+  records = _records(ties, 'tie_state')
+  flat = _flat(state)
+  for record in records:
+    for role in ('source', 'target'):
+      path = getattr(record, role)
+      if path not in flat:
+        raise TieError(
+            f'tie_state: {record.describe()}: the {role} {_dotted(path)!r} is'
+            ' not in the state; nearest: ' + ', '.join(_near(path, flat)) + '.'
+        )
+    want = flat[record.source].get_value()
+    if record.view is not None:
+      want = record.view(want)
+    have = flat[record.target].get_value()
+    if (jax.numpy.shape(have) != jax.numpy.shape(want)
+        or not bool(jax.numpy.array_equal(have, want))):
+      difference = ('shapes ' f'{jax.numpy.shape(have)} and {jax.numpy.shape(want)}'
+                    if jax.numpy.shape(have) != jax.numpy.shape(want) else
+                    f'largest difference {float(jax.numpy.max(jax.numpy.abs(have - want))):g}')
+      raise TieError(
+          f'tie_state: {record.describe()}: the target differs from its source'
+          f' ({difference}), so the tied model cannot hold both. Tie only'
+          ' Variables that are equal, or load this state into the untied model.'
+      )
+  for record in records:
+    del flat[record.target]
+  return _from_flat(flat)
+
+
+def _near(path: Path, flat) -> list[str]:
+  names = [_dotted(p) for p in flat]
+  return difflib.get_close_matches(_dotted(path), names, n=3) or names[:5]
