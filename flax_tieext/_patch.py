@@ -328,6 +328,10 @@ def install() -> None:
     setattr(_core_lift, _STATE_ATTR, record)
     sys.meta_path.insert(0, _BindOnImport())
     _bind_imported()
+    # nn.partitioning.remat's docstring shows the import from now on, as the
+    # docstrings of what is bound now do, bound or not (help(), the API page).
+    from flax_tieext.linen import partitioning  # pylint: disable=g-import-not-at-top
+    _Use(partitioning.remat)(_MISSING)
 
 
 def _apply(bindings: list[_Binding], record: list[tuple[Any, str, Any]]):
