@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax.core.scope import CollectionFilter
+from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 from flax_tieext.errors import TieError
 
@@ -76,11 +77,16 @@ def tie_variables(
       any layer of a stack): tying would silently drop the target's values.
   """
   out = _unfreeze(variables)
-  for tie, col, expected, stack in _viewed_sources(
-      out, ties, collections, 'tie', stacks):
-    target = tie_spec.walk(out[col], tie.target)
+  # Every target is checked in the tree as given, then removed (a target may
+  # lie inside the source of another).
+  found = [(tie, col, tie_spec.walk(out[col], tie.target), expected, stack)
+           for tie, col, expected, stack in _viewed_sources(
+               out, ties, collections, 'tie', stacks)]
+  for tie, col, target, expected, stack in found:
     if target is not None:
       _check_equal(tie, col, target, expected, stack)
+  for tie, col, target, _, _ in found:
+    if target is not None:
       out[col] = _with_path(out[col], tie.target, _ABSENT)
   return out
 
@@ -125,8 +131,11 @@ def untie_variables(
       moves a partitioned axis in a way whose names cannot be followed.
   """
   out = _unfreeze(variables)
-  for tie, col, value, stack in _viewed_sources(
-      out, ties, collections, 'untie', stacks):
+  # Outer targets first: a tied path inside a target's source is written
+  # after the target, over what its source holds there.
+  for tie, col, value, stack in sorted(
+      _viewed_sources(out, ties, collections, 'untie', stacks),
+      key=lambda found: len(found[0].target)):
     if stack is not None:
       value = jax.tree_util.tree_map(
           lambda x, n=stack[1]: _stacked(x, n), value, is_leaf=tie_spec.is_box)
@@ -141,9 +150,7 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
   the source, or None. Skips the collections in which neither path of the
   tie holds anything.
   """
-  stacks = None if stacks is None else {
-      tie_spec.normalize({p: p + '/.'}, True, ())[0].target: n
-      for p, n in stacks.items()} if False else _stack_paths(stacks)
+  stacks = _stack_paths(stacks)
   for tie in tie_spec.normalize(ties, collections, ()):
     stack = next(((path, n) for path, n in (stacks or {}).items()
                   if tie_spec.is_within(tie.target, path)
@@ -162,6 +169,8 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
         )
       if stacks is None and verb == 'untie':
         _refuse_unnamed_stack(tree[col], tie, col)
+      if stack is not None:
+        _check_layers(tree[col], tie, col, stack, verb)
       yield tie, col, jax.tree_util.tree_map(
           lambda x, tie=tie: tie_spec.apply_view(tie, x), source,
           is_leaf=tie_spec.is_box), stack
@@ -178,6 +187,27 @@ def _stack_paths(stacks):
                      f' stack, a positive int; got {layers!r}.')
     out[parsed] = layers
   return out
+
+
+def _check_layers(tree, tie, col, stack, verb):
+  """The stack's count must be the leading axis of what is stored beside.
+
+  The variables of a stack other than the target (its siblings) have one
+  layer per step along axis 0; a count that differs would write, or expect, a
+  target that does not fit beside them.
+  """
+  path, layers = stack
+  node = tie_spec.walk(tree, path)
+  if not isinstance(node, Mapping):
+    return
+  rest = tie.target[len(path):]
+  for leaf_path, leaf in tie_spec.flatten(node):
+    if tie_spec.is_within(leaf_path, rest):
+      continue  # the target itself
+    shape = np.shape(tie_spec.unbox(leaf))
+    if not shape or shape[0] != layers:
+      raise tie_errors.stack_count_differs(
+          verb, tie, col, path, layers, path + leaf_path, shape)
 
 
 def _refuse_unnamed_stack(tree, tie, col):
