@@ -630,9 +630,9 @@ def check_init(scope, ties: tuple[Tie, ...]):
   is of another kind than the target (module or variable), or the target's
   copy holds a variable its source lacks or one of another shape or dtype.
   """
-  if not scope.get_flag('initializing', False):
-    return
   found_ties = in_force(scope)
+  if found_ties is None or not scope.get_flag('initializing', False):
+    return
   path = scope.path
   declared = {id(t): t for t in [
       *ties, *[t for t in found_ties.declared if t.declared_at == path]]}
