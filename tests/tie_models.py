@@ -25,14 +25,15 @@ class Leaf(nn.Module):
 
 
 class Chain(nn.Module):
-  """``a``, ``b`` then ``c``; ``classes`` maps a name to its module class."""
+  """``a``, ``b`` then ``c`` (or ``names``); ``classes``: name -> class."""
 
   classes: tuple = ()
+  names: tuple = ('a', 'b', 'c')
 
   @nn.compact
   def __call__(self, x):
     classes = dict(self.classes)
-    for name in 'abc':
+    for name in self.names:
       x = classes.get(name, Leaf)(name=name)(x)
     return x
 
