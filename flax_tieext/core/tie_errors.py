@@ -367,3 +367,35 @@ def stack_count_differs(verb: str, tie, col: str, stack: Path, layers: int,
       ' siblings.',
       f'Give the stack its number of layers:{fix}.' if fix else
       f'Name only stacks in stacks= ({text(stack)} is not one).')
+
+
+def convert_source_missing(verb: str, tie, col: str, near: str) -> TieError:
+  return TieError(
+      f'Cannot {verb} {text(tie.target)} and {text(tie.source)} in collection'
+      f' {col!r}: the target is present but the source is missing from the'
+      f' variables.{near} Fix the source path in the ties.')
+
+
+def bad_stack_count(path: str, layers) -> TieError:
+  return TieError(f'stacks[{path!r}] must be the number of layers of the'
+                  f' stack, a positive int; got {layers!r}.')
+
+
+def unnamed_stack(tie, col: str, stack: Path, n: int) -> TieError:
+  """A target below stacked variables would be written unstacked."""
+  where = text(stack)
+  return TieError(
+      f'Cannot untie {text(tie.target)} in collection {col!r}: it lies inside'
+      f' {where}, whose every variable has a leading axis of {n} that its'
+      f' source {text(tie.source)} lacks, as in a stack of {n} layers (nn.scan'
+      ' / nn.vmap). Written unstacked, it would not load into the untied'
+      ' model.\n\nOptions:\n'
+      f'  1. Name the stack: stacks={{{where[1:]!r}: {n}}} (one copy of the'
+      ' source per layer).\n'
+      '  2. If it is not a stack, say so: stacks={}.')
+
+
+def not_equal(tie, col: str, how: str) -> TieError:
+  """A stored target is not what its source gives it."""
+  return TieError(f'Cannot tie {text(tie.target)} to {text(tie.source)} in'
+                  f' collection {col!r}: {how}')
