@@ -35,7 +35,7 @@ import jax
 
 from flax.core.frozen_dict import freeze
 from flax_tieext.core import tie_errors
-from flax_tieext.core.tie_spec import is_within, named_collections, walk
+from flax_tieext.core.tie_spec import is_within, walk
 from flax_tieext.core.ties import (
     LIFT_FLAG,
     TIES_FLAG,

@@ -16,11 +16,12 @@
 
 What ``lift.tie`` is given (a mapping from target path to source path, or to
 ``(source path, view_fn)``) becomes a tuple of :class:`Tie` records with
-absolute paths here, before any scope is involved. The mechanism that makes a
-tie hold inside scopes and lifted transforms is ``flax.core.ties``; the
-conversion of variable trees between the tied and untied layouts is
-``flax.core.tie_convert``. Both use the helpers below for paths, views of
-partitioned values, and error messages.
+absolute paths here, before any scope is involved, and :func:`compose` states
+what a set of ties means together (their normal form). The mechanism that
+makes a tie hold inside scopes and lifted transforms is ``flax.core.ties``;
+the conversion of variable trees between the tied and untied layouts is
+``flax.core.tie_convert``; the messages are ``flax.core.tie_errors``. They use
+the helpers below for paths and views of partitioned values.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 
 from flax.core import meta
 from flax_tieext.core import tie_errors
+# nearest and did_you_mean are used through this module by its users too.
 from flax_tieext.core.tie_errors import did_you_mean, nearest, text  # pylint: disable=unused-import
 
 Path = tuple[str, ...]

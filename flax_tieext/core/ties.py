@@ -35,7 +35,6 @@ import functools
 from collections.abc import Iterator, Mapping, MutableMapping
 
 import jax
-import numpy as np
 
 from flax import errors as flax_errors
 from flax.core.frozen_dict import FrozenDict, freeze
