@@ -127,6 +127,15 @@ def test_a_module_tied_to_a_module_whose_child_is_tied(keys):
                           ALL_READ_A)
 
 
+def test_a_module_tied_to_a_module_whose_variable_is_tied():
+  # c/d is b/d, whose kernel is a's: c/d's kernel is a's, its bias b's.
+  model = nn.tie(Chain, {'b/d/kernel': 'a/d/kernel', 'c/d': 'b/d'})()
+  assert_like_hand_shared(model, {
+      'a/d/kernel': 'a/d/kernel', 'a/d/bias': 'a/d/bias',
+      'b/d/kernel': 'a/d/kernel', 'b/d/bias': 'b/d/bias',
+      'c/d/kernel': 'a/d/kernel', 'c/d/bias': 'b/d/bias'})
+
+
 def test_the_normal_form_does_not_depend_on_key_order():
   ties = {'c': 'b', 'b/d': 'a/d', 'e': 'c', 'f/d': 'e/d'}
   forms = {tie_spec.normalize(dict(p), 'params', ())

@@ -487,7 +487,11 @@ def _tied_collection(scope, col: str, write: bool, original):
     node = (original(scope, col) if tie is None else
             _module_collection(scope, tie, col, write, original))
   named = form.named.get(scope.path)
-  return TiedNames(scope, col, node, named) if named else node
+  if not named:
+    return node
+  if isinstance(node, TiedNames):  # its source's, whose tied names are ours
+    node = node.own
+  return TiedNames(scope, col, node, named)
 
 
 def _collection_hook(write: bool):
