@@ -6,7 +6,8 @@ Dense ``d``): each site may be tied to an earlier one, as a whole module
 (``s3/d/kernel -> s1/d/kernel``). Each tie is declared in one of three
 places: the root's inner ``nn.tie``, the root's outer one (stacked), or the
 class of the target site (``nn.tie(Leaf, {'d': '../s1/d'})``; module ties
-only at the root); every mapping is written in a drawn key order; a site may
+only at the root, and the target of a module tie has its source's class, as
+one shared instance has one class); every mapping is written in a drawn key order; a site may
 be rematted. The reference is built apart from the ties' code: union-find
 over the Dense leaves (a module or child tie joins kernel and bias, a kernel
 tie the kernels), each group read from the one member no tie leaves from.
@@ -86,6 +87,11 @@ def tied_model(ties, remat):
       in_class[target] = {key[len(target) + 1:]: '../' + value}
     else:
       at_root[where][key] = value
+  # A module tie makes two sites one instance, of one class: the target
+  # gets its source's class ties (paths relative to the site, so alike).
+  for target, source, kind, _ in sorted(ties, key=lambda t: t[0]):
+    if kind == 'module' and source in in_class and target not in in_class:
+      in_class[target] = in_class[source]
   classes = []
   for site in SITES:
     cls = nn.tie(Leaf, in_class[site]) if site in in_class else Leaf

@@ -353,7 +353,10 @@ def _module_collection(scope, tie: Tie, col: str, write: bool, original):
   node = source._collection(col)  # pylint: disable=protected-access
   if node is not None and not isinstance(node, Mapping):
     raise tie_errors.kinds_differ(tie, col, target_is_module=True)
-  how = resolve(scope, tie, col, write=write, found=bool(node),
+  # A source whose every variable is tied elsewhere stores nothing: the
+  # target's tied paths below it resolve on their own.
+  found = bool(node) or bool(ties_below(scope, tie.target, col))
+  how = resolve(scope, tie, col, write=write, found=found,
                 given=bool(stored(scope, scope.path, col)), crossed=crossed)
   if how == COPY:
     if col != 'params' and not write:
