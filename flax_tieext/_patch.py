@@ -155,11 +155,9 @@ def _machinery_bindings() -> list[_Binding]:
       _Binding(_core_lift, '_partial_pack', _compat.tie_sources_by_pack_name),
       _Binding(Scope, 'push', ties.tie_aware_push),
       _Binding(Scope, 'param', ties.tie_aware_param),
+      # (module and single-variable ties alike: one hook per Scope method).
       _Binding(Scope, '_collection', ties.tie_aware_collection),
       _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
-      # ... in which single variables may be tied (wrapping the hooks above).
-      _Binding(Scope, '_collection', tie_vars.tie_aware_names),
-      _Binding(Scope, '_mutable_collection', tie_vars.tie_aware_names),
       _Binding(Scope, 'variables', tie_vars.tie_aware_variables),
   ]
 

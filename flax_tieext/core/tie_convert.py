@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax.core.scope import CollectionFilter
+from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
-from flax_tieext.errors import TieError
 
 _ABSENT = object()
 
@@ -76,11 +76,16 @@ def tie_variables(
       any layer of a stack): tying would silently drop the target's values.
   """
   out = _unfreeze(variables)
-  for tie, col, expected, stack in _viewed_sources(
-      out, ties, collections, 'tie', stacks):
-    target = tie_spec.walk(out[col], tie.target)
+  # Every target is checked in the tree as given, then removed (a target may
+  # lie inside the source of another).
+  found = [(tie, col, tie_spec.walk(out[col], tie.target), expected, stack)
+           for tie, col, expected, stack in _viewed_sources(
+               out, ties, collections, 'tie', stacks)]
+  for tie, col, target, expected, stack in found:
     if target is not None:
       _check_equal(tie, col, target, expected, stack)
+  for tie, col, target, _, _ in found:
+    if target is not None:
       out[col] = _with_path(out[col], tie.target, _ABSENT)
   return out
 
@@ -125,8 +130,11 @@ def untie_variables(
       moves a partitioned axis in a way whose names cannot be followed.
   """
   out = _unfreeze(variables)
-  for tie, col, value, stack in _viewed_sources(
-      out, ties, collections, 'untie', stacks):
+  # Outer targets first: a tied path inside a target's source is written
+  # after the target, over what its source holds there.
+  for tie, col, value, stack in sorted(
+      _viewed_sources(out, ties, collections, 'untie', stacks),
+      key=lambda found: len(found[0].target)):
     if stack is not None:
       value = jax.tree_util.tree_map(
           lambda x, n=stack[1]: _stacked(x, n), value, is_leaf=tie_spec.is_box)
@@ -141,9 +149,7 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
   the source, or None. Skips the collections in which neither path of the
   tie holds anything.
   """
-  stacks = None if stacks is None else {
-      tie_spec.normalize({p: p + '/.'}, True, ())[0].target: n
-      for p, n in stacks.items()} if False else _stack_paths(stacks)
+  stacks = _stack_paths(stacks)
   for tie in tie_spec.normalize(ties, collections, ()):
     stack = next(((path, n) for path, n in (stacks or {}).items()
                   if tie_spec.is_within(tie.target, path)
@@ -153,15 +159,12 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
       if source is None:
         if tie_spec.walk(tree[col], tie.target) is None:
           continue
-        raise TieError(
-            f'Cannot {verb} {tie_spec.text(tie.target)} and'
-            f' {tie_spec.text(tie.source)} in collection {col!r}: the target'
-            ' is present but the source is missing from the variables.'
-            + tie_spec.nearest(tree[col], tie.source)
-            + ' Fix the source path in the ties.'
-        )
+        raise tie_errors.convert_source_missing(
+            verb, tie, col, tie_spec.nearest(tree[col], tie.source))
       if stacks is None and verb == 'untie':
         _refuse_unnamed_stack(tree[col], tie, col)
+      if stack is not None:
+        _check_layers(tree[col], tie, col, stack, verb)
       yield tie, col, jax.tree_util.tree_map(
           lambda x, tie=tie: tie_spec.apply_view(tie, x), source,
           is_leaf=tie_spec.is_box), stack
@@ -174,10 +177,30 @@ def _stack_paths(stacks):
   for path, layers in stacks.items():
     parsed = tuple(p for p in path.strip('/').split('/') if p not in ('', '.'))
     if not isinstance(layers, int) or layers < 1:
-      raise TieError(f'stacks[{path!r}] must be the number of layers of the'
-                     f' stack, a positive int; got {layers!r}.')
+      raise tie_errors.bad_stack_count(path, layers)
     out[parsed] = layers
   return out
+
+
+def _check_layers(tree, tie, col, stack, verb):
+  """The stack's count must be the leading axis of what is stored beside.
+
+  The variables of a stack other than the target (its siblings) have one
+  layer per step along axis 0; a count that differs would write, or expect, a
+  target that does not fit beside them.
+  """
+  path, layers = stack
+  node = tie_spec.walk(tree, path)
+  if not isinstance(node, Mapping):
+    return
+  rest = tie.target[len(path):]
+  for leaf_path, leaf in tie_spec.flatten(node):
+    if tie_spec.is_within(leaf_path, rest):
+      continue  # the target itself
+    shape = np.shape(tie_spec.unbox(leaf))
+    if not shape or shape[0] != layers:
+      raise tie_errors.stack_count_differs(
+          verb, tie, col, path, layers, path + leaf_path, shape)
 
 
 def _refuse_unnamed_stack(tree, tie, col):
@@ -196,16 +219,7 @@ def _refuse_unnamed_stack(tree, tie, col):
             np.shape(tie_spec.unbox(x))[:1] == tuple(lengths)
             for x in source_leaves.values()):
       (n,) = lengths
-      stack = tie_spec.text(tie.target[:depth])
-      raise TieError(
-          f'Cannot untie {tie_spec.text(tie.target)} in collection {col!r}:'
-          f' it lies inside {stack}, whose every variable has a leading axis'
-          f' of {n} that its source {tie_spec.text(tie.source)} lacks, as in'
-          f' a stack of {n} layers (nn.scan / nn.vmap). Written unstacked, it'
-          ' would not load into the untied model.\n\nOptions:\n'
-          f'  1. Name the stack: stacks={{{stack[1:]!r}: {n}}} (one copy of the'
-          ' source per layer).\n'
-          '  2. If it is not a stack, say so: stacks={}.')
+      raise tie_errors.unnamed_stack(tie, col, tie.target[:depth], n)
 
 
 def _stacked(x, layers):
@@ -225,14 +239,12 @@ def _check_equal(tie, col: str, target, expected, stack=None):
 
   Inside a stack (``(path, layers)``), every layer of the target must.
   """
-  what = (f'Cannot tie {tie_spec.text(tie.target)} to'
-          f' {tie_spec.text(tie.source)} in collection {col!r}:')
   (xs, x_def), (ys, y_def) = (
       jax.tree_util.tree_flatten(target, is_leaf=tie_spec.is_box),
       jax.tree_util.tree_flatten(expected, is_leaf=tie_spec.is_box))
   if x_def != y_def:
-    raise TieError(f'{what} they hold different variables ({x_def} vs'
-                   f' {y_def}).')
+    raise tie_errors.not_equal(tie, col, f'they hold different variables'
+                               f' ({x_def} vs {y_def}).')
   # In the order of xs (sorted keys), not of the dicts' insertion.
   paths = [tuple(k.key for k in p) for p, _ in
            jax.tree_util.tree_flatten_with_path(target, is_leaf=tie_spec.is_box)[0]]
@@ -242,8 +254,8 @@ def _check_equal(tie, col: str, target, expected, stack=None):
     if stack is not None and x_names is not None:
       x_names = x_names[1:]
     if x_names != y_names:
-      raise TieError(f'{what} the partitioning names of {leaf} differ'
-                     f' ({x_names} vs {y_names}).')
+      raise tie_errors.not_equal(tie, col, f'the partitioning names of {leaf}'
+                                 f' differ ({x_names} vs {y_names}).')
     x, y = np.asarray(tie_spec.unbox(x)), np.asarray(tie_spec.unbox(y))
     layers = [x] if stack is None else list(x) if x.ndim and (
         x.shape[0] == stack[1]) else None
@@ -258,18 +270,18 @@ def _check_equal(tie, col: str, target, expected, stack=None):
         hint = (f' {leaf} lies in the stack {tie_spec.text(stack[0])} of'
                 f' {stack[1]} layers (axis 0), so it needs shape'
                 f' {(stack[1], *y.shape)}.')
-      raise TieError(f'{what} shape or dtype of {leaf} differ'
-                     f' ({x.shape}:{x.dtype} vs {y.shape}:{y.dtype}).' + hint)
+      raise tie_errors.not_equal(
+          tie, col, f'shape or dtype of {leaf} differ'
+          f' ({x.shape}:{x.dtype} vs {y.shape}:{y.dtype}).' + hint)
     for i, layer in enumerate(layers):
       if not np.array_equal(layer, y):
         where = '' if stack is None else (
             f' in layer {i} (axis 0) of the stack {tie_spec.text(stack[0])}')
-        raise TieError(
-            f'{what} {leaf} differs from its source{where} (max abs'
+        raise tie_errors.not_equal(
+            tie, col, f'{leaf} differs from its source{where} (max abs'
             f' difference {float(np.max(np.abs(layer - y)))}). Tying would'
             " silently drop the target's values; untie the model or make"
-            ' them equal first.'
-        )
+            ' them equal first.')
 
 
 def _unfreeze(tree):

@@ -34,14 +34,16 @@ from typing import Any
 import jax
 
 from flax.core.frozen_dict import freeze
-from flax_tieext.core.tie_spec import is_within, named_collections, tie_error, walk
+from flax_tieext.core import tie_errors
+from flax_tieext.core.tie_spec import is_within, walk
 from flax_tieext.core.ties import (
     LIFT_FLAG,
     TIES_FLAG,
-    _lift,
-    _tie_for,
+    in_force,
+    lift_record as _lift,
+    locate,
     reach,
-    ties_in_force,
+    tie_at,
     visible_collections,
 )
 
@@ -89,7 +91,8 @@ class _Lift:
   closure: Any  # the _Lift of the transform whose closed-over values it holds
 
 
-def lifted_sources(scopes, name: str, tie_sources: TieSources | None):
+def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
+                   inside=None):
   """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
 
   For a target inside ``scopes`` whose source lies outside all of them, as
@@ -101,23 +104,16 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None):
   """
   crossing = tie_sources
   extra, paths = [], set()
-  for scope in scopes:
-    for tie in ties_in_force(scope):
-      if not is_within(tie.target, scope.path) or any(
-          is_within(tie.source, s.path) for s in scopes):
+  for scope, ties in zip(scopes, inside or [_ties_inside(s) for s in scopes]):
+    if crossing is not None and _carries_its_source(scope, ties, crossing):
+      continue
+    for tie, col in ties:
+      if any(is_within(tie.source, s.path) for s in scopes):
         continue
       if crossing is None:
-        raise tie_error(
-            f'The target of the {tie.describe()} is inside the lifted'
-            f' transform {name!r} at {scope.path_text}, and its source lies'
-            f' outside it, but {name!r} does not declare what it does with a'
-            ' tie source outside it.',
-            'Declare the tie inside the transform, with both paths inside it.')
+        raise tie_errors.unsupported_transform(tie, name, scope.path_text)
       if not (crossing.lifts or crossing.maps):
         continue  # read as a closed-over value
-      col = next((c for c in ('params', *named_collections(tie.collections),
-                              *visible_collections(scope))
-                  if tie.applies_to(c)), 'params')
       path = tie.source
       parent, _ = reach(scope, path[:-1])
       node = None if parent is None else walk(parent._collection(col), path[-1:])  # pylint: disable=protected-access
@@ -141,6 +137,41 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None):
   return extra
 
 
+def _carries_its_source(scope, inside, crossing: TieSources) -> bool:
+  """Whether ``scope`` is packed with its source's collections, as its own.
+
+  A lifted scope that is a module tie's target, with no other tie inside it,
+  holds its source's very collections (``Scope._collection`` gives them), so
+  a transform that lifts sources packs it as it packs one shared module:
+  reads, writes and gradients reach the source's variables, and only one
+  scope is packed.
+  """
+  if not crossing.lifts or crossing.caches_trace or len(inside) != 1:
+    return False  # (jit: a source outside it is refused as stale)
+  tie, _ = inside[0]
+  return (tie.target == scope.path and tie.view is None
+          and not locate(scope, tie.source)[1])
+
+
+def _ties_inside(scope):
+  """``(tie, collection)`` of each resolved tie whose target is in ``scope``.
+
+  Each target once, in the first collection that ties it (``params``, those
+  the ties name, those the scope sees).
+  """
+  ties = in_force(scope)
+  if ties is None:
+    return []
+  found = {}
+  for col in dict.fromkeys(('params', *ties.named_collections,
+                            *sorted(visible_collections(scope)))):
+    form = ties.form(col)
+    for tie in [*(t for t in [form.at.get(scope.path)] if t is not None),
+                *form.below.get(scope.path, ())]:
+      found.setdefault(tie.target, (tie, col))
+  return list(found.values())
+
+
 def _detached(scope, variables):
   """A read-only root scope at ``scope``'s path: ``variables``, its rngs."""
   new = type(scope)(dict(variables), None, scope.name, False, None,
@@ -150,7 +181,7 @@ def _detached(scope, variables):
   return new
 
 
-def without_borrowed(scope, lifted):
+def without_borrowed(scope, lifted, inside=None):
   """``(scope as pack lifts it, collections left out)``.
 
   A lifted scope that is itself a target carries its source's collections
@@ -159,9 +190,9 @@ def without_borrowed(scope, lifted):
   reaches the inner source, and lifting the collections twice would fork
   them.
   """
-  if not any(t.target == scope.path
-             and any(is_within(t.source, s.path) for s in lifted)
-             for t in ties_in_force(scope)):
+  if not any(any(is_within(t.source, s.path) for s in lifted)
+             for t, _ in (_ties_inside(scope) if inside is None else inside)
+             if t.target == scope.path):
     return scope, ()
   scope._populate_collections()  # pylint: disable=protected-access
   borrowed = _borrowed(scope)
@@ -178,7 +209,7 @@ def _borrowed(scope) -> set[str]:
   """The collections ``scope``, a target, holds as its source's very dicts."""
   found = set()
   for col, node in scope._variables.items():  # pylint: disable=protected-access
-    tie = _tie_for(scope, scope.path, col)
+    tie = tie_at(scope, scope.path, col)
     if tie is not None:
       source, _ = reach(scope, tie.source)
       if source is not None and source._collection(col) is node:  # pylint: disable=protected-access
@@ -204,7 +235,7 @@ def _link(outer_scopes, inner_scopes, name, tie_sources, kinds):
 def _draws_copy(scope) -> bool:
   """Whether ``scope`` is a target initializing a copy from its source's rngs."""
   return (scope.get_flag('initializing', False)
-          and _tie_for(scope, scope.path, 'params') is not None)
+          and tie_at(scope, scope.path, 'params') is not None)
 
 
 def tie_aware_partial_pack(original):
@@ -230,9 +261,11 @@ def tie_aware_partial_pack(original):
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
         scope._collection(col)  # pylint: disable=protected-access
-    extra = lifted_sources(scopes, name, tie_sources)
+    inside = [_ties_inside(s) for s in scopes]
+    extra = lifted_sources(scopes, name, tie_sources, inside)
     lifted = scopes + [real for _, real, only, _ in extra if not only]
-    packed = [without_borrowed(s, lifted) for s in scopes]
+    packed = [without_borrowed(s, lifted, ties)
+              for s, ties in zip(scopes, inside)]
     reals = scopes + [real for _, real, _, _ in extra]
     kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
     scope_fn, repack_fn, *rest = original(
@@ -262,7 +295,9 @@ def tie_aware_partial_pack(original):
       inner = list(treedef.flatten_up_to(inner_scope_tree))
       if inner and _lift(inner[0]) is not None:
         inner += _lift(inner[0]).siblings[len(inner):]
-      for inner_scope in inner:
+      # Only an inner target whose source was lifted beside it can hold the
+      # source's very collections (without_borrowed, or resolved inside).
+      for inner_scope in inner if extra else ():
         for col in _borrowed(inner_scope):  # its source repacks them
           del inner_scope._variables[col]  # pylint: disable=protected-access
       return repack_fn(inner)

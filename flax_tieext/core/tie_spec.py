@@ -16,17 +16,18 @@
 
 What ``lift.tie`` is given (a mapping from target path to source path, or to
 ``(source path, view_fn)``) becomes a tuple of :class:`Tie` records with
-absolute paths here, before any scope is involved. The mechanism that makes a
-tie hold inside scopes and lifted transforms is ``flax.core.ties``; the
-conversion of variable trees between the tied and untied layouts is
-``flax.core.tie_convert``. Both use the helpers below for paths, views of
-partitioned values, and error messages.
+absolute paths here, before any scope is involved, and :func:`compose` states
+what a set of ties means together (their normal form). The mechanism that
+makes a tie hold inside scopes and lifted transforms is ``flax.core.ties``;
+the conversion of variable trees between the tied and untied layouts is
+``flax.core.tie_convert``; the messages are ``flax.core.tie_errors``. They use
+the helpers below for paths and views of partitioned values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,22 +35,22 @@ import jax
 import numpy as np
 
 from flax.core import meta
-from flax_tieext.errors import TieError
+from flax_tieext.core import tie_errors
+# nearest and did_you_mean are used through this module by its users too.
+from flax_tieext.core.tie_errors import did_you_mean, nearest, text  # pylint: disable=unused-import
 
 Path = tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Tie:
-  """One tie, as recorded in scope flags (paths are absolute)."""
+  """One tie, as declared (paths are absolute). Immutable."""
 
   target: Path
   source: Path
   collections: Any  # a hashable collection filter
   view: Callable[[Any], Any] | None
   declared_at: Path
-  used: set = dataclasses.field(default_factory=set, compare=False,
-                                repr=False)  # collections read across a lift
 
   def applies_to(self, col: str) -> bool:
     return in_filter(self.collections, col)
@@ -71,56 +72,18 @@ def in_filter(f, col: str) -> bool:
   return scope.in_filter(f, col)
 
 
-def text(path) -> str:
-  return '/' + '/'.join(path)
-
-
 def is_within(path: Path, prefix: Path) -> bool:
   return path[: len(prefix)] == prefix
 
 
-def tie_error(what: str, *options: str) -> TieError:
-  """A TieError: what happened, then numbered options (only those that apply)."""
-  options = [o for o in options if o]
-  if len(options) == 1:
-    return TieError(f'{what}\n\nTo fix it: {options[0]}')
-  listed = ''.join(f'\n  {i}. {o}' for i, o in enumerate(options, 1))
-  return TieError(f'{what}\n\nOptions:{listed}' if options else what)
-
-
-def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
-  """Names that exist where ``path`` stops matching ``tree``, nearest first."""
-  node, depth = tree, 0
-  for name in path:
-    if not isinstance(node, Mapping) or name not in node:
-      break
-    node, depth = node[name], depth + 1
-  if depth == len(path):
-    return ''
-  names = sorted(node) if isinstance(node, Mapping) else []
-  near = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
-  where = text(base + path[:depth])
-  dotted = path[depth].split('.')
-  if len(dotted) > 1 and all(dotted):
-    return (f' Paths are "/"-separated: for {path[depth]!r} write'
-            f' {"/".join(dotted)!r}.')
-  if near:
-    return f' Nearest existing names under {where}: {", ".join(near)}.'
-  return f' Names that exist under {where}: {", ".join(names) or "none"}.'
-
-
 def _parse_path(path: Any, decl: Path, what: str) -> Path:
   if not isinstance(path, str):
-    raise TieError(
-        f'The {what} path of a tie declared at {text(decl)} must be a str, got'
-        f' {type(path).__name__} {path!r}. Write paths as "/"-separated module'
-        ' names, e.g. "block_1/attn", "head/kernel", "." or "/encoder/embed".')
+    raise tie_errors.path_not_a_str(what, decl, path)
   out = [] if path.startswith('/') else list(decl)
   for part in path.split('/'):
     if part == '..':
       if not out:
-        raise TieError(f'The {what} path {path!r} of a tie declared at'
-                       f' {text(decl)} goes above the root module.')
+        raise tie_errors.above_root(what, path, decl)
       out.pop()
     elif part not in ('', '.'):
       out.append(part)
@@ -131,62 +94,146 @@ def normalize(ties: Mapping[str, Any], collections: Any,
               declared_at: Path) -> tuple[Tie, ...]:
   """Resolves user-written ties declared at ``declared_at`` to :class:`Tie`s.
 
-  Chains (``a -> b``, ``b -> c``) resolve to their end (``a -> c``); self-ties,
-  cycles and ties between a module and its own ancestor are refused.
+  The paths become absolute, then the mapping is put in normal form
+  (:func:`compose`): chains (``a -> b``, ``b -> c``) resolve to their end
+  (``a -> c``); self-ties, cycles, two sources for one target and ties
+  between a module and its own ancestor are refused.
+  """
+  if not isinstance(ties, Mapping):
+    raise tie_errors.not_a_mapping(ties)
+  key = (tuple(ties.items()), tuple(collections) if isinstance(
+      collections, list) else collections, tuple(declared_at))
+  try:
+    return _normalized(*key)
+  except TypeError:  # an unhashable spec or filter: not memoized
+    return _normalized.__wrapped__(*key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _normalized(items, collections, declared_at: Path) -> tuple[Tie, ...]:
+  """:func:`normalize` of ``ties.items()``; the same ties give the same records.
+
+  Memoized: a module declares its ties each time it is bound (every ``init``,
+  ``apply``, clone), and one declaration should cost one lookup, not a pass
+  over all of its ties.
   """
   from flax.core import lift  # pylint: disable=g-import-not-at-top
-  if not isinstance(ties, Mapping):
-    raise TieError('ties must be a mapping from target path to source path'
-                   f' (or to (source path, view_fn)), got {type(ties).__name__}.')
+  col_filter = lift._hashable_filter(collections)  # pylint: disable=protected-access
   raw: dict[Path, tuple[Path, Any, str]] = {}
-  for target_text, spec in ties.items():
+  for target_text, spec in items:
     view = None
     if isinstance(spec, tuple):
       if len(spec) != 2 or not callable(spec[1]):
-        raise TieError(
-            f'The source of tie {target_text!r} (declared at'
-            f' {text(declared_at)}) must be a path, or a (path, view_fn)'
-            f' pair, got {spec!r}.')
+        raise tie_errors.bad_source_spec(target_text, declared_at, spec)
       spec, view = spec
     target = _parse_path(target_text, declared_at, 'target')
     source = _parse_path(spec, declared_at, 'source')
     if target in raw and raw[target][:2] != (source, view):
-      differ = (f'different sources ({text(raw[target][0])} and'
-                f' {text(source)})' if raw[target][0] != source else
-                f'the source {text(source)} with different views')
-      raise TieError(
-          f'Ties {raw[target][2]!r} and {target_text!r} declared at'
-          f' {text(declared_at)} both name {text(target)}, with {differ}. A'
-          ' target has one source: keep one of them.')
+      raise tie_errors.spelled_twice(raw[target][2], target_text, declared_at,
+                                     target, raw[target], (source, view))
     if target == source:
-      raise TieError(
-          f'Tie {target_text!r} -> {spec!r} declared at {text(declared_at)}'
-          f' ties {text(target)} to itself. A tie needs two distinct paths:'
-          ' remove it, or name the module whose variables should be shared.')
+      raise tie_errors.self_tie(target_text, spec, declared_at, target)
     raw[target] = (source, view, target_text)
-  resolved = []
-  for target, (source, view, target_text) in raw.items():
-    seen = [target]
-    while source in raw:
-      if source in seen:
-        raise TieError(
-            f'The ties declared at {text(declared_at)} form a cycle: '
-            + ' -> '.join(text(p) for p in seen + [source])
-            + '. Every chain of ties must end at a stored path: pick one of'
-            ' them as the source and tie the others to it.')
-      seen.append(source)
-      source, next_view, _ = raw[source]
-      if next_view is not None:
-        view = next_view if view is None else _compose(view, next_view)
-    for a, b in ((target, source), (source, target)):
-      if is_within(a, b):
-        raise TieError(
-            f'Tie {target_text!r} declared at {text(declared_at)}: {text(a)}'
-            f' lies inside {text(b)}. A module cannot share the variables of'
-            ' its own ancestor or descendant; tie two sibling paths instead.')
-    resolved.append(Tie(target, source, lift._hashable_filter(collections),  # pylint: disable=protected-access
-                        view, tuple(declared_at)))
-  return tuple(resolved)
+  return compose(tuple(Tie(target, source, col_filter, view, tuple(declared_at))
+                       for target, (source, view, _) in raw.items()))
+
+
+def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
+  """The normal form of a set of ties: each target mapped to its stored path.
+
+  The one rule for every set of ties in force at a scope (one mapping,
+  stacked declarations, ties of an ancestor and of a submodule's class,
+  module and variable ties alike), whatever the order of keys or
+  declarations:
+
+  * a path resolves through the tie whose target is its longest prefix
+    (``b/d`` under a tie ``b -> c`` is ``c/d``), repeatedly: chains collapse
+    to their final source, and their views compose;
+  * a chain that uses a tie twice is a cycle (``TieError`` naming it); a
+    target at or inside its own final source, or around it, is refused;
+  * a target has one source: two ties of one target with different sources,
+    or a target inside another target whose source gives it another final
+    source, are a ``TieError`` naming the target and both sources (a tie that
+    agrees with its ancestor's is redundant and dropped). A tie declared by
+    the target module itself (inside the outer target) is its own: it is
+    followed first, as the tie of the longest prefix;
+  * a target whose source holds tied paths holds them tied alike (``c -> b``
+    with ``b/d -> a/d`` gives ``c/d -> a/d``).
+
+  Returns the resolved ties, one per target, sorted by target: ``source`` is
+  the final source (a path no tie names), ``view`` the composed view.
+  """
+  by_target: dict[Path, Tie] = {}
+  for tie in sorted(ties, key=_order):
+    if is_within(tie.target, tie.source) or is_within(tie.source, tie.target):
+      inner, outer = ((tie.target, tie.source) if len(tie.target)
+                      > len(tie.source) else (tie.source, tie.target))
+      raise tie_errors.ancestor(tie, inner, outer)
+    known = by_target.setdefault(tie.target, tie)
+    if (known.source, known.view) != (tie.source, tie.view):
+      raise tie_errors.two_sources(tie.target, (known.source, known),
+                                   (tie.source, tie))
+
+  def owner(path: Path, below: int = 0) -> Tie | None:
+    """The tie whose target is the longest prefix of ``path`` (of length > below)."""
+    for end in range(len(path), below, -1):
+      found = by_target.get(path[:end])
+      if found is not None:
+        return found
+    return None
+
+  def resolve(tie: Tie, path: Path, view):
+    """``(final path, view)`` of ``path``, reached through ``tie``."""
+    used, seen = [tie], [tie.target, path]
+    while (next_tie := owner(path)) is not None:
+      if next_tie in used:
+        raise tie_errors.cycle(used, seen)
+      used.append(next_tie)
+      path = next_tie.source + path[len(next_tie.target):]
+      seen.append(path)
+      if next_tie.view is not None:
+        view = next_tie.view if view is None else _compose(view, next_tie.view)
+    return path, view
+
+  resolved: dict[Path, Tie] = {}
+  for target, tie in by_target.items():
+    source, view = resolve(tie, tie.source, tie.view)
+    if is_within(target, source) or is_within(source, target):
+      raise tie_errors.ancestor(tie, target, source)
+    outer = owner(target[:-1])
+    if outer is not None and not is_within(tie.declared_at, outer.target):
+      # Inside another target, declared outside it: it must agree.
+      implied = resolve(outer, outer.source + target[len(outer.target):],
+                        outer.view)
+      if implied != (source, view):
+        raise tie_errors.two_sources(target, (source, tie),
+                                     (implied[0], outer))
+      continue
+    resolved[target] = dataclasses.replace(tie, source=source, view=view)
+
+  # A target holds the tied paths of its source tied alike.
+  for _ in range(len(resolved) + 1):
+    below: dict[Path, list[Tie]] = {}
+    for tie in resolved.values():
+      for end in range(len(tie.target)):
+        below.setdefault(tie.target[:end], []).append(tie)
+    implied = {}
+    for tie in resolved.values():
+      for inner in below.get(tie.source, ()):
+        target = tie.target + inner.target[len(tie.source):]
+        if target not in resolved:
+          view = (inner.view if tie.view is None else tie.view if inner.view
+                  is None else _compose(tie.view, inner.view))
+          implied[target] = dataclasses.replace(
+              tie, target=target, source=inner.source, view=view)
+    if not implied:
+      break
+    resolved.update(implied)
+  return tuple(resolved[t] for t in sorted(resolved))
+
+
+def _order(tie: Tie):
+  return tie.target, tie.source, tie.declared_at
 
 
 def _compose(outer, inner):
@@ -201,9 +248,7 @@ def named_collections(f) -> tuple[str, ...]:
   return ()
 
 
-def did_you_mean(name, names) -> str:
-  near = difflib.get_close_matches(name, list(names), n=1)
-  return f' Did you mean {near[0]!r}?' if near else ''
+
 
 
 def walk(node, names):
@@ -214,12 +259,17 @@ def walk(node, names):
   return node
 
 
-def flatten(tree, prefix=()):
-  if isinstance(tree, Mapping):
-    for k, v in tree.items():
-      yield from flatten(v, prefix + (k,))
-  else:
-    yield prefix, tree
+def flatten(tree, prefix=()) -> list[tuple[Path, Any]]:
+  """``[(path, leaf)]`` of a nested mapping (one call per mapping)."""
+  if not isinstance(tree, Mapping):
+    return [(prefix, tree)]
+  out = []
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out += flatten(v, prefix + (k,))
+    else:
+      out.append((prefix + (k,), v))
+  return out
 
 
 def check_like(tie: Tie, col: str, existing, value):
@@ -230,13 +280,7 @@ def check_like(tie: Tie, col: str, existing, value):
             for x in jax.tree_util.tree_leaves(meta.unbox(tree))]
   if specs(existing) != specs(value):
     shapes = lambda t: ', '.join(f'{s}:{d}' for s, d in specs(t))
-    raise tie_error(
-        f'Shape or dtype mismatch in the {tie.describe(col)}: the source'
-        f' {text(tie.source)} has {shapes(existing)}, but {text(tie.target)}'
-        f' has {shapes(value)}. Tied paths must hold variables of the same'
-        ' shape and dtype.',
-        'Tie paths that hold variables of the same shape and dtype.',
-        'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
+    raise tie_errors.unlike(tie, col, shapes(existing), shapes(value))
 
 
 def is_box(x) -> bool:
@@ -274,12 +318,7 @@ def apply_view(tie: Tie, value):
                                         for j in range(moved.ndim)]),
                   moved.shape))]
       if len(hits) != 1 or out[hits[0]] is not None:
-        raise tie_error(
-            f'The view of the {tie.describe()} moves the partitioned axis'
-            f' {name!r} of {text(tie.source)} in a way whose axis names'
-            ' cannot be followed.',
-            'Use a view that permutes axes (e.g. jnp.transpose).',
-            'Unbox the variables first (flax.linen.unbox).')
+        raise tie_errors.view_loses_axis(tie, name)
       out[hits[0]] = name
   return dataclasses.replace(value, value=tie.view(array), names=tuple(out))
 

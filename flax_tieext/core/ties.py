@@ -14,40 +14,41 @@
 
 """Tied variables: one stored variable reachable under two paths.
 
-A tie is state of the scope that declares it (:func:`declare`): its records
-live in the scope's ``flags``, which Flax hands to every scope derived from it,
-so the tie is in force wherever its target is used. The hooks on ``Scope``
-give a target scope its source's collections (:func:`_resolve`), a
-module-level ``params`` target its source's rng streams (:func:`_share_rngs`),
-and during ``init`` a ``params`` target a copy that starts as its source's
-variables and is checked and dropped when the declaring call returns
+A tie is state of the scope that declares it (:func:`declare`): the ties in
+force live in the scope's ``flags`` (:class:`InForce`), which Flax hands to
+every scope derived from it, so a tie is in force wherever its target is used.
+What they mean together is their normal form (``tie_spec.compose``), computed
+once per collection and looked up by path. One policy (:func:`resolve`)
+decides what Flax sees at a target, for module ties (the hooks on
+``Scope._collection`` / ``_mutable_collection`` give a target scope its
+source's collection) and single tied variables (:class:`TiedNames`) alike.
+During ``init`` a ``params`` target works on a copy that starts as its
+source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`). Lifted transforms take part through
-``flax.core.tie_lift``, single tied variables through ``flax.core.tie_vars``.
+``flax.core.tie_lift``; the messages are ``flax.core.tie_errors``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 
 import jax
 
 from flax import errors as flax_errors
 from flax.core.frozen_dict import FrozenDict, freeze
+from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
     Path,
     Tie,
     apply_view,
     check_like,
-    did_you_mean,
+    compose,
     flatten,
     is_box,
     is_within,
     named_collections,
-    nearest,
-    text,
-    tie_error,
     walk,
 )
 
@@ -59,31 +60,111 @@ TIES_FLAG = '__ties__'
 # and ``closure`` (the record of the transform whose closed-over values it
 # holds, or None).
 LIFT_FLAG = '__tie_lift__'
-_FIX_PATH = ('Fix the {} path (paths are relative to the module that declares'
-             ' the tie; a leading "/" starts at the root module).')
+
+
+class Form:
+  """The normal form of the ties in force for one collection, indexed by path.
+
+  Attributes:
+    at: target path -> resolved tie (its final source).
+    named: module path -> {name: tie} of the targets directly below it.
+    below: path -> the ties whose target lies strictly below it.
+  """
+
+  def __init__(self, ties: tuple[Tie, ...]):
+    self.at = {t.target: t for t in ties}
+    self.named: dict[Path, dict[str, Tie]] = {}
+    self.below: dict[Path, list[Tie]] = {}
+    for tie in ties:
+      self.named.setdefault(tie.target[:-1], {})[tie.target[-1]] = tie
+      for end in range(len(tie.target)):
+        self.below.setdefault(tie.target[:end], []).append(tie)
+
+  def covering(self, path: Path) -> Tie | None:
+    """The tie whose target is ``path`` or its nearest ancestor."""
+    for end in range(len(path), 0, -1):
+      tie = self.at.get(path[:end])
+      if tie is not None:
+        return tie
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class InForce:
+  """The ties declared at a scope and its ancestors, as kept in its flags.
+
+  Immutable and compared by the declarations (``nn.jit`` hashes flags); the
+  normal form of each collection is derived from them once, on first use.
+  """
+
+  declared: tuple[Tie, ...]
+  _forms: dict = dataclasses.field(default_factory=dict, compare=False,
+                                   repr=False)
+
+  def form(self, col: str) -> Form:
+    found = self._forms.get(col)
+    if found is None:
+      found = self._forms[col] = Form(compose(
+          tuple(t for t in self.declared if t.applies_to(col))))
+    return found
+
+  @functools.cached_property
+  def named_collections(self) -> dict[str, Tie]:
+    """Each collection a declaration names -> the first tie naming it."""
+    found = {}
+    for tie in self.declared:
+      for col in named_collections(tie.collections):
+        found.setdefault(col, tie)
+    return found
+
+
+def in_force(scope) -> InForce | None:
+  flags = scope.flags
+  return flags[TIES_FLAG] if TIES_FLAG in flags else None
 
 
 def ties_in_force(scope) -> tuple[Tie, ...]:
-  return scope.flags.get(TIES_FLAG, ())
+  """The ties declared at ``scope`` and above, as declared."""
+  found = in_force(scope)
+  return found.declared if found is not None else ()
+
+
+def tie_at(scope, path: Path, col: str) -> Tie | None:
+  """The resolved tie whose target is ``path`` in ``col``, or None."""
+  found = in_force(scope)
+  return found.form(col).at.get(path) if found is not None else None
+
+
+def ties_below(scope, path: Path, col: str) -> list[Tie]:
+  """The resolved ties in ``col`` whose target lies strictly below ``path``."""
+  found = in_force(scope)
+  return found.form(col).below.get(path, []) if found is not None else []
 
 
 def declare(scope, ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
   """Puts ``ties`` in force at ``scope`` and every scope derived from it.
 
   ``scope`` is changed in place, as its constructor would have set it. A tie
-  equal to one in force is kept (declaring again is a no-op); one for the same
-  target and collections replaces it. Returns the ties in force that ``ties``
-  declared.
+  equal to one in force is kept (declaring again is a no-op). The ties in
+  force are checked together at once (for the collections they name): a tie
+  that gives a target in force another source, or closes a cycle with them,
+  raises a ``TieError``. Returns ``ties``.
   """
-  present = ties_in_force(scope)
-  new = {(t.target, t.collections) for t in ties}
-  kept = tuple(t for t in present
-               if t in ties or (t.target, t.collections) not in new)
-  added = tuple(t for t in ties if t not in kept)
-  if added or len(kept) != len(present):
-    scope.flags = freeze({**scope.flags, TIES_FLAG: kept + added})
+  present = in_force(scope)
+  declared = present.declared if present is not None else ()
+  known = set(map(id, declared))  # normalize gives the same records again
+  added = tuple([t for t in ties if id(t) not in known])
+  log = (scope.get_flag('initializing', False)
+         and INIT_FLAG not in scope.flags and bool(declared or added))
+  if added or log:
+    now = InForce(declared + added) if added else present
+    for col in {c for t in added for c in (
+        *named_collections(t.collections), 'params') if t.applies_to(c)}:
+      now.form(col)  # refuses a conflict where it is declared
+    scope.flags = freeze({**scope.flags, TIES_FLAG: now,
+                          **({INIT_FLAG: InitLog()} if log else {})})
     _share_rngs(scope)
-  return tuple(t for t in kept + added if t in ties)
+  return ties
 
 
 # ---------------------------------------------------------------------------
@@ -91,18 +172,13 @@ def declare(scope, ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
 # ---------------------------------------------------------------------------
 
 
-def _lift(scope):
-  return scope.root.flags.get(LIFT_FLAG)
+def lift_record(scope):
+  """What the root of ``scope`` stands for in a lifted transform, or None."""
+  flags = scope.root.flags
+  return flags[LIFT_FLAG] if LIFT_FLAG in flags else None
 
 
-def _tie_for(scope, path: Path, col: str) -> Tie | None:
-  """The tie in force at ``scope`` whose target is ``path`` (the last wins)."""
-  found = [t for t in ties_in_force(scope)
-           if t.target == path and t.applies_to(col)]
-  return found[-1] if found else None
-
-
-def _base(scope, path: Path, rngs: bool = False):
+def locate(scope, path: Path, rngs: bool = False):
   """``(scope at or above path, records of the transforms crossed)``.
 
   Walks up the parents, then over the inner roots of the same lifted
@@ -113,14 +189,14 @@ def _base(scope, path: Path, rngs: bool = False):
   while scope is not None:
     s = scope
     while s is not None:
-      if is_within(path, s.path):
+      if path[:len(s.path)] == s.path:
         return s, crossed
       s = s.parent
-    lift = _lift(scope)
+    lift = lift_record(scope)
     if lift is None:
       break
     for sib in lift.siblings:
-      info = _lift(sib)
+      info = lift_record(sib)
       if (sib is not scope.root and is_within(path, sib.path)
           and (rngs or not info.rngs_only)):
         return sib, crossed + ((info.closure,) if info.closure else ())
@@ -135,7 +211,7 @@ def reach(scope, path: Path, rngs: bool = False):
   The scope is pushed on rewound copies (reserving no name), so ties on the
   way are followed by the same hooks.
   """
-  base, crossed = _base(scope, path, rngs)
+  base, crossed = locate(scope, path, rngs)
   if base is not None:
     for name in path[len(base.path):]:
       base = base.rewound().push(name, reuse=True)
@@ -144,7 +220,7 @@ def reach(scope, path: Path, rngs: bool = False):
 
 def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
-  base, _ = _base(scope, path)
+  base, _ = locate(scope, path)
   root = base and base.root
   return root and walk(root._variables.get(col), path[len(root.path):])  # pylint: disable=protected-access
 
@@ -154,90 +230,141 @@ def visible_collections(scope) -> set[str]:
   found = set()
   while scope is not None:
     found |= set(scope.root._variables)  # pylint: disable=protected-access
-    scope = _lift(scope) and _lift(scope).outer
+    scope = lift_record(scope) and lift_record(scope).outer
   return found
 
 
-def _maps(crossed) -> bool:
-  return any(lift.maps for lift in crossed)
+class InitLog:
+  """What one ``init`` learns: the (target, collection) pairs that resolved.
+
+  Kept in the flags of the scopes of that init (put there by :func:`declare`
+  while initializing), which Flax carries to every scope derived from them,
+  across lifted transforms too; a new init starts a new one. The tie records
+  stay immutable. Every log compares equal to every other, so that it is no
+  part of what ``nn.jit`` keys its traces by.
+  """
+
+  def __init__(self):
+    self.used: set[tuple[Path, str]] = set()
+
+  def __eq__(self, other):
+    return isinstance(other, InitLog)
+
+  def __hash__(self):
+    return 0
+
+
+INIT_FLAG = '__tie_init__'
+
+
+def _used(scope) -> set:
+  """The ``used`` set of the init ``scope`` is part of (empty outside one)."""
+  flags = scope.flags
+  return flags[INIT_FLAG].used if INIT_FLAG in flags else set()
+
+
+def _near(scope, path: Path, col: str | None) -> str:
+  """What exists near ``path``: the collection that holds it, or names."""
+  return held_elsewhere(scope, path, col) or tie_errors.nearest(
+      stored(scope, (), col or 'params') or {}, path[len(scope.root.path):],
+      scope.root.path)
+
+
+def held_elsewhere(scope, path: Path, col: str | None) -> str:
+  """Names a collection other than ``col`` that holds ``path``, if any."""
+  return tie_errors.held_in(path, sorted(
+      c for c in visible_collections(scope)
+      if c != col and stored(scope, path, c) is not None))
 
 
 # ---------------------------------------------------------------------------
-# Scope hooks (installed on flax.core.scope.Scope)
+# The one resolution policy
 # ---------------------------------------------------------------------------
 
+SOURCE = 'source'  # the source's storage (read-only across a transform)
+COPY = 'copy'  # init: the target's own copy, starting as the source's values
 
-def _resolve(scope, tie: Tie, col: str, write: bool, original):
-  """The collection ``col`` of ``scope``, the target of ``tie``."""
+
+def resolve(scope, tie: Tie, col: str, *, write: bool, given: bool,
+            found: bool, crossed) -> str:
+  """Decides what Flax sees at the target of ``tie`` in ``col``.
+
+  Module ties and single tied variables both ask here; they differ only in
+  what they hand Flax (a collection, or one name of it).
+
+  Args:
+    scope: the scope that uses the target.
+    tie: the resolved tie (its source is the final one).
+    col: the collection used.
+    write: whether Flax writes (``_mutable_collection``, a put).
+    given: whether values are stored at the target itself.
+    found: whether the source holds anything in ``col``.
+    crossed: the records of the lifted transforms between target and source.
+
+  Returns:
+    :data:`SOURCE` or :data:`COPY`.
+
+  Raises:
+    TieError: values given at ``apply`` for a target; a closed-over source
+      inside a transform that caches its trace; a write or initialization
+      that cannot land in a closed-over source; a write through a view; a
+      source that is not stored.
+  """
   initializing = (scope.get_flag('initializing', False)
                   and scope.is_mutable_collection(col))
-  if not initializing and stored(scope, scope.path, col):
-    raise given_for_target(tie, col)
-  source, crossed = reach(scope, tie.source)
-  if source is None:
-    raise unreachable(scope, tie, col)
-  node = source._collection(col)  # pylint: disable=protected-access
-  if node is not None and not isinstance(node, Mapping):
-    raise kinds_differ(tie, col, target_is_module=True)
-  if initializing and not _maps(crossed) and (
-      col == 'params' or crossed or not node):
-    if node:
-      refuse_declared_inside(scope, tie, col, crossed)
-    if col != 'params' and not write:
-      return original(scope, col)  # nothing of its own yet
-    own = _own(scope, col)  # a copy, checked and dropped by check_init
-    _fill(own, node, tie)
-    return own
-  tie.used.add(col)
-  if crossed:  # a closed-over value: read-only, never cached
-    refuse_declared_inside(scope, tie, col, crossed)
-    if write or not node:
-      raise cannot_land(scope, tie, col, crossed, write)
-    return freeze(viewed(tie, node))
-  if tie.view is not None:
-    if write:
-      raise read_only(tie, col, scope)
-    return viewed(tie, node)
-  if write:
-    node = source._mutable_collection(col)  # pylint: disable=protected-access
-  elif not node and not isinstance(node, dict):
-    if scope.is_mutable_collection(col):
-      return FrozenDict()
-    raise tie_error(
-        f'The source {text(tie.source)} of the {tie.describe(col)} is not'
-        f' stored (looked up from {scope.path_text}).'
-        + nearest(stored(scope, (), col) or {},
-                  tie.source[len(scope.root.path):], scope.root.path),
-        _FIX_PATH.format('source'),
-        "Pass the source's variables to apply (init them with a method that"
-        ' runs the source).')
-  scope._variables[col] = node  # pylint: disable=protected-access
-  return node
+  if given and not initializing:
+    raise tie_errors.given_for_target(tie, col)
+  copy = initializing and not any(lift.maps for lift in crossed) and (
+      col == 'params' or bool(crossed) or not found)
+  if crossed and (found or not copy):
+    _refuse_declared_inside(scope, tie, col, crossed)
+  if found:
+    _used(scope).add((tie.target, col))
+  if copy:
+    return COPY
+  if crossed and (write or not found):
+    near = '' if write else tie_errors.nearest(stored(scope, (), col) or {},
+                                               tie.source)
+    raise tie_errors.cannot_land(
+        tie, col, scope.path_text, [lift.name for lift in crossed], write,
+        near, is_within(tie.declared_at, scope.root.path))
+  if write and tie.view is not None:
+    raise tie_errors.read_only(tie, col, scope.path_text)
+  if not found and not write and not scope.is_mutable_collection(col):
+    raise tie_errors.source_not_stored(tie, col, scope.path_text,
+                                       _near(scope, tie.source, col))
+  return SOURCE
 
 
-def given_for_target(tie: Tie, col: str):
-  """Values given at ``apply`` for a target would be ignored."""
-  return tie_error(
-      f'Values were given for {text(tie.target)} in collection {col!r},'
-      f' but it is the target of the {tie.describe()}: only the source'
-      f' {text(tie.source)} is stored, so they would be ignored.',
-      'Convert variables saved from an untied model with'
-      ' tie_variables(variables, ties), which checks that each target'
-      ' equals its source and removes it.')
+def _refuse_declared_inside(scope, tie: Tie, col: str, crossed):
+  """A tie declared inside a lifted transform reaches only what it lifts.
+
+  Its source outside the transform was not lifted into it (the tie was not
+  in force when the transform packed its scopes), so there is no value to
+  read that would stay current (under ``nn.jit`` a compiled function would
+  keep a stale copy). One rule for every transform, whatever else is tied.
+  """
+  lift = next((lift for lift in crossed
+               if tie_at(lift.outer, tie.target, col) is None), None)
+  if lift is not None:
+    raise tie_errors.declared_inside(tie, col, scope.path_text, lift.name)
 
 
-def kinds_differ(tie: Tie, col: str, target_is_module: bool):
-  """A module tied to a variable, or a variable to a module."""
-  kinds = ('a module', 'a variable')[::1 if target_is_module else -1]
-  target, source = ((tie.target + tie.source[-1:], tie.source)
-                    if target_is_module else
-                    (tie.target, tie.source + tie.target[-1:]))
-  rel = lambda path: '/'.join(path[len(tie.declared_at):])
-  return tie_error(
-      f'In the {tie.describe(col)}, the target is {kinds[0]} but the source'
-      f' is {kinds[1]}.',
-      'Tie a module to a module, or a variable to a variable (e.g.'
-      f' "{rel(target)}": "{rel(source)}").')
+def _unreachable(scope, tie: Tie, col: str):
+  """The error for a source outside every scope ``scope`` can reach.
+
+  Past the outermost lifted transform whose pack saw no tie in force (and so
+  recorded nothing), the tie was declared inside that transform.
+  """
+  root = scope.root
+  while lift_record(root) is not None:
+    root = lift_record(root).outer.root
+  if root.parent is None and root.path:  # an inner root of a transform
+    # Flax's pack labels it 'name(module)' (remat(block_1)).
+    label = root.debug_path[-1] if root.debug_path else ''
+    where = label.split('(', 1)[0] if '(' in label else 'transform'
+    return tie_errors.declared_inside(tie, col, scope.path_text, where)
+  return tie_errors.unreachable(tie, col, scope.path_text)
 
 
 def viewed(tie: Tie, node):
@@ -247,11 +374,45 @@ def viewed(tie: Tie, node):
                                 is_leaf=is_box)
 
 
+def _module_collection(scope, tie: Tie, col: str, write: bool, original):
+  """The collection ``col`` of ``scope``, the target of a module tie."""
+  source, crossed = reach(scope, tie.source)
+  if source is None:
+    raise _unreachable(scope, tie, col)
+  node = source._collection(col)  # pylint: disable=protected-access
+  if node is not None and not isinstance(node, Mapping):
+    raise tie_errors.kinds_differ(tie, col, target_is_module=True)
+  # A source whose every variable is tied elsewhere stores nothing: the
+  # target's tied paths below it resolve on their own.
+  found = bool(node) or bool(ties_below(scope, tie.target, col))
+  how = resolve(scope, tie, col, write=write, found=found,
+                given=bool(stored(scope, scope.path, col)), crossed=crossed)
+  if how == COPY:
+    if col != 'params' and not write:
+      return original(scope, col)  # nothing of its own yet
+    own = _own(scope, col)  # checked and dropped by check_init
+    _fill(own, node, tie)
+    return own
+  if crossed:  # a closed-over value: read-only, never cached
+    return freeze(viewed(tie, node))
+  if tie.view is not None:
+    return viewed(tie, node)
+  if write:
+    node = source._mutable_collection(col)  # pylint: disable=protected-access
+  elif not node:
+    return FrozenDict()  # a mutable collection the source has not written
+  scope._variables[col] = node  # pylint: disable=protected-access
+  return node
+
+
 def _own(scope, col: str):
   """The scope's own dict of ``col``, created where Flax creates it."""
   if scope.parent is None:
     return scope._variables.setdefault(col, {})  # pylint: disable=protected-access
-  own = scope.parent._mutable_collection(col).setdefault(scope.name, {})  # pylint: disable=protected-access
+  parent = scope.parent._mutable_collection(col)  # pylint: disable=protected-access
+  if isinstance(parent, TiedNames):  # the copy is the parent's own entry
+    parent = parent.own
+  own = parent.setdefault(scope.name, {})
   scope._variables[col] = own  # pylint: disable=protected-access
   return own
 
@@ -265,113 +426,122 @@ def _fill(own, source, tie: Tie):
       own[name] = apply_view(tie, value)
 
 
-def refuse_declared_inside(scope, tie: Tie, col: str, crossed):
-  """A tie declared inside a lifted transform reaches only what it lifts.
+class TiedNames(MutableMapping):
+  """A scope's collection in which some names are tied variables.
 
-  Its source outside the transform was not lifted into it (the pack saw no
-  tie in force), so there is no value to read that would stay current: under
-  ``nn.jit`` the compiled function would keep a stale copy. The same rule
-  holds for every transform, whether or not other ties are in force.
+  A tied name reads and writes its source variable; every other name (and a
+  tied name whose source is a module, resolved in the submodule's own scope)
+  is the scope's own. Membership, iteration and length agree.
   """
-  lift = next((lift for lift in crossed
-               if tie not in ties_in_force(lift.outer)), None)
-  if lift is not None:
-    raise _declared_inside(scope, tie, col, lift.name)
+
+  def __init__(self, scope, col: str, own, ties: dict[str, Tie]):
+    self._scope, self._col, self.own, self._ties = scope, col, own, ties
+
+  def _source(self, name: str, write: bool = False):
+    """``(parent dict, name)`` of the source variable, or None for our own."""
+    tie = self._ties.get(name)
+    if tie is None:
+      return None
+    scope, col = self._scope, self._col
+    parent, crossed = reach(scope, tie.source[:-1])
+    if parent is None:
+      raise _unreachable(scope, tie, col)
+    node = parent._collection(col)  # pylint: disable=protected-access
+    found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
+    if isinstance(found, Mapping):
+      return None  # a submodule: its own scope resolves the tie
+    how = resolve(scope, tie, col, write=write, given=name in self.own,
+                  found=found is not None, crossed=crossed)
+    if how == COPY and (write or found is None):
+      return None  # the target's own copy, checked and dropped by check_init
+    if write:
+      node = parent._mutable_collection(col)  # pylint: disable=protected-access
+    return node, tie.source[-1]
+
+  def __getitem__(self, name):
+    where = self._source(name)
+    if where is None:
+      return self.own[name]
+    parent, key = where
+    if key not in parent:
+      raise KeyError(name)
+    return apply_view(self._ties[name], parent[key])
+
+  def __contains__(self, name):
+    where = self._source(name)
+    return name in self.own if where is None else where[1] in where[0]
+
+  def __setitem__(self, name, value):
+    where = self._source(name, write=True)
+    if where is None:
+      self.own[name] = value
+      return
+    parent, key = where
+    if key in parent:
+      check_like(self._ties[name], self._col, parent[key], value)
+    parent[key] = value
+
+  def __delitem__(self, name):
+    del self.own[name]
+
+  def __iter__(self) -> Iterator[str]:
+    yield from self.own
+    for name in self._ties:
+      if name not in self.own and name in self:
+        yield name
+
+  def __len__(self) -> int:
+    return sum(1 for _ in self)
 
 
-def unreachable(scope, tie: Tie, col: str):
-  """The source of ``tie`` lies outside every scope ``scope`` can reach.
-
-  Past the outermost lifted transform whose pack saw no tie in force (and so
-  recorded nothing): the tie was declared inside it.
-  """
-  root = scope.root
-  while _lift(root) is not None:
-    root = _lift(root).outer.root
-  if root.parent is None and root.path:  # an inner root of a transform
-    # Flax's pack labels it 'name(module)' (remat(block_1)).
-    label = root.debug_path[-1] if root.debug_path else ''
-    where = label.split('(', 1)[0] if '(' in label else 'transform'
-    return _declared_inside(scope, tie, col, where)
-  return tie_error(f'Cannot reach the source of the {tie.describe(col)} from'
-                   f' {scope.path_text}.',
-                   'Declare the tie at a module that contains both paths.')
+# ---------------------------------------------------------------------------
+# Scope hooks (installed on flax.core.scope.Scope), one per method
+# ---------------------------------------------------------------------------
 
 
-def _declared_inside(scope, tie: Tie, col: str, where: str):
-  return tie_error(
-      f'The {tie.describe(col)} is used inside nn.{where} at'
-      f' {scope.path_text}, and its source {text(tie.source)} lies outside'
-      f' that {where}, but the tie is declared inside the {where}: a tie'
-      ' declared inside a lifted transform reaches only the paths inside it'
-      + (' (the compiled function would keep a stale copy of the source).'
-         if where == 'jit' else '.'),
-      'Declare the tie at a module that contains both paths (their common'
-      f' ancestor), outside the {where}.')
-
-
-def cannot_land(scope, tie: Tie, col: str, crossed, write: bool):
-  """A write, or an initialization, of a source that is a closed-over value."""
-  first = crossed[0].name
-  near = '' if write else nearest(stored(scope, (), col) or {}, tie.source)
-  return tie_error(
-      f'{"A write to" if write else "Initializing"} {text(tie.target)} in'
-      f' collection {col!r} cannot land in its source {text(tie.source)}: the'
-      f' {tie.describe(col)} is used inside'
-      f' {" and ".join(f"nn.{lift.name}" for lift in crossed)} at'
-      f' {scope.path_text}, and the source lies outside it, where it is a'
-      ' read-only (broadcast) value.' + near,
-      'Fix the source path.' if near else '',
-      'Declare the tie at the common ancestor of both paths, outside the'
-      f' {first}.' if is_within(tie.declared_at, scope.root.path) else '',
-      f'Write to the source outside the {first}.' if write else
-      f'Run the source {text(tie.source)} before the {first}, so that it'
-      ' exists when the target reads it.')
-
-
-def read_only(tie: Tie, col: str, scope):
-  return tie_error(
-      f'Cannot write to {text(tie.target)} in collection {col!r} at'
-      f' {scope.path_text}: the {tie.describe(col)} gives a derived,'
-      ' read-only view of the source.',
-      f'Write to the source {text(tie.source)} instead.',
-      'Tie without a view_fn.')
-
-
-def _check_present(scope, col: str):
+def _check_present(scope, ties: InForce, col: str):
   """A tied collection that is used must be given (or be mutable)."""
-  tie = next((t for t in ties_in_force(scope)
-              if col in named_collections(t.collections)), None)
-  given = tie and visible_collections(scope)
-  if tie is not None and col not in given:
-    raise tie_error(
-        f'The {tie.describe()} ties collection {col!r}, which'
-        f' {scope.path_text} uses, but the variables have no collection'
-        f' {col!r} and it is not mutable (collections given:'
-        f' {", ".join(map(repr, sorted(given))) or "none"}).'
-        + did_you_mean(col, given),
-        f'Pass it to apply: variables={{..., {col!r}: ...}}.',
-        f'Make it mutable: apply(..., mutable=[{col!r}]).')
+  tie = ties.named_collections.get(col)
+  if tie is not None:
+    given = visible_collections(scope)
+    if col not in given:
+      raise tie_errors.collection_missing(tie, col, scope.path_text, given)
+
+
+def _tied_collection(scope, col: str, write: bool, original):
+  """``col`` of ``scope``, a scope under ties: its source's, or its own."""
+  ties = scope.flags[TIES_FLAG]
+  form = ties._forms.get(col) or ties.form(col)  # pylint: disable=protected-access
+  if col in scope._variables:  # pylint: disable=protected-access
+    node = original(scope, col)
+  else:
+    if not scope.is_mutable_collection(col):
+      _check_present(scope, ties, col)
+    tie = form.at.get(scope.path)
+    node = (original(scope, col) if tie is None else
+            _module_collection(scope, tie, col, write, original))
+  named = form.named.get(scope.path)
+  if not named:
+    return node
+  if isinstance(node, TiedNames):  # its source's, whose tied names are ours
+    node = node.own
+  return TiedNames(scope, col, node, named)
 
 
 def _collection_hook(write: bool):
   def make(original):
     @functools.wraps(original)
     def collection(self, col):
-      if TIES_FLAG not in self.flags or col in self._variables:  # pylint: disable=protected-access
+      if TIES_FLAG not in self.flags:
         return original(self, col)
-      if not self.is_mutable_collection(col):
-        _check_present(self, col)
-      tie = _tie_for(self, self.path, col)
-      if tie is None:
-        return original(self, col)
-      return _resolve(self, tie, col, write, original)
+      return _tied_collection(self, col, write, original)
     return collection
   return make
 
 
 tie_aware_collection = _collection_hook(write=False)
-tie_aware_collection.__doc__ = '``Scope._collection`` that resolves ties.'
+tie_aware_collection.__doc__ = (
+    '``Scope._collection`` that resolves ties (of modules and variables).')
 tie_aware_mutable_collection = _collection_hook(write=True)
 tie_aware_mutable_collection.__doc__ = (
     '``Scope._mutable_collection`` that writes through ties.')
@@ -381,33 +551,87 @@ def tie_aware_push(original):
   """``Scope.push`` whose module-level ``params`` targets share rng streams."""
   @functools.wraps(original)
   def push(self, name=None, prefix='', reuse=False):
+    if TIES_FLAG not in self.flags:
+      return original(self, name, prefix, reuse)
     child = original(self, name, prefix, reuse)
-    if TIES_FLAG in child.flags:
-      _share_rngs(child)
+    _share_rngs(child)
     return child
   return push
 
 
 def tie_aware_param(original):
-  """``Scope.param`` whose shape check names both paths of a tie."""
+  """``Scope.param`` that checks a tied parameter against its target's init.
+
+  Under a tie, while initializing, a parameter read from its source must have
+  the shape and dtype the target's ``init_fn`` gives (through the view, for a
+  viewed tie); Flax's shape check, and a parameter not found in a target
+  whose tie names a collection nothing has, name the tie.
+  """
   @functools.wraps(original)
   def param(self, name, init_fn, *init_args, **init_kwargs):
-    try:
+    if TIES_FLAG not in self.flags:
       return original(self, name, init_fn, *init_args, **init_kwargs)
+    target = self.path + (name,)
+    ties = self.flags[TIES_FLAG]
+    tie = (ties._forms.get('params') or ties.form('params')).covering(target)  # pylint: disable=protected-access
+    # While initializing, a parameter a target reads from its source is
+    # checked against what the target's own init_fn gives (Flax checks the
+    # shape only; at apply, as in Flax, dtypes are the caller's).
+    made = []
+
+    def recorded(*args, **kwargs):
+      out = init_fn(*args, **kwargs)
+      made.append(out)
+      return out
+
+    check = tie is not None and self.get_flag('initializing', False)
+    try:
+      value = original(self, name, recorded if check else init_fn,  # pytype: disable=wrong-arg-types
+                       *init_args, **init_kwargs)
     except flax_errors.ScopeParamShapeError:
-      target = self.path + (name,)
-      tie = max((t for t in ties_in_force(self) if is_within(target, t.target)
-                 and t.applies_to('params')),
-                key=lambda t: len(t.target), default=None)
       if tie is not None:
         init_kwargs.pop('unbox', None)
-        check_like(dataclasses.replace(
-            tie, target=target, source=tie.source + target[len(tie.target):]),
-                   'params', self.get_variable('params', name),
-                   jax.eval_shape(lambda: init_fn(jax.random.key(0),
-                                                  *init_args, **init_kwargs)))
+        _check_param(self, tie, target, jax.eval_shape(
+            lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs)))
       raise
+    except (flax_errors.ScopeParamNotFoundError,
+            flax_errors.ScopeCollectionNotFound):
+      _refuse_unknown_collection(self, target)
+      raise
+    if made and not _alike(made[0], value):
+      _check_param(self, tie, target, made[0])
+    return value
   return param
+
+
+def _alike(a, b) -> bool:
+  """Whether two arrays (boxed or not) have one shape and dtype."""
+  if is_box(a):
+    a = a.unbox()
+  if is_box(b):
+    b = b.unbox()
+  return (getattr(a, 'shape', None) == getattr(b, 'shape', False)
+          and getattr(a, 'dtype', None) == getattr(b, 'dtype', False))
+
+
+def _check_param(scope, tie: Tie, target: Path, own):
+  """A tied parameter must be like the target's own (shape and dtype)."""
+  check_like(dataclasses.replace(
+      tie, target=target, source=tie.source + target[len(tie.target):]),
+             'params', scope.get_variable('params', target[-1]), own)
+
+
+def _refuse_unknown_collection(scope, path: Path):
+  """A parameter not found under a tie whose collection nothing has."""
+  given = visible_collections(scope)
+  for tie in ties_in_force(scope):
+    if not is_within(path, tie.target):
+      continue
+    for col in named_collections(tie.collections):
+      if (col not in given and not scope.is_mutable_collection(col)
+          and tie_errors.did_you_mean(col, given)):
+        raise tie_errors.collection_unknown(
+            tie, col, given, held_elsewhere(scope, tie.target, col))
 
 
 def _share_rngs(scope):
@@ -418,7 +642,7 @@ def _share_rngs(scope):
   the counters start afresh, so that a copy the target initializes equals what
   the source draws, and the source's own draws are left alone.
   """
-  tie = _tie_for(scope, scope.path, 'params')
+  tie = tie_at(scope, scope.path, 'params')
   source = None if tie is None or tie.view is not None else reach(
       scope, tie.source, rngs=True)[0]
   if source is not None:
@@ -433,81 +657,80 @@ def _share_rngs(scope):
 # ---------------------------------------------------------------------------
 
 
-def held_elsewhere(scope, path: Path, col: str | None) -> str:
-  """Names a collection other than ``col`` that holds ``path``, if any."""
-  holders = sorted(c for c in visible_collections(scope)
-                   if c != col and stored(scope, path, c) is not None)
-  return holders and (
-      f' {text(path)} is stored in collection {holders[0]!r}: tie that'
-      f' collection (collections={holders[0]!r}).') or ''
-
-
 def check_init(scope, ties: tuple[Tie, ...]):
-  """Checks each tie on the variables ``init`` produced; drops target copies.
+  """Checks the ties declared at ``scope`` on what ``init`` stored.
 
+  Each target's copy is checked against its final source and dropped (the
+  deepest first, so that a target inside a target's source is its own).
   Raises a TieError naming target, source, collection and declaring module
   when a tied collection, the source or the target does not exist, the source
   is of another kind than the target (module or variable), or the target's
   copy holds a variable its source lacks or one of another shape or dtype.
   """
-  if not scope.get_flag('initializing', False):
+  found_ties = in_force(scope)
+  if found_ties is None or not scope.get_flag('initializing', False):
     return
+  path = scope.path
+  declared = {id(t): t for t in [
+      *ties, *[t for t in found_ties.declared if t.declared_at == path]]}
   present = visible_collections(scope)
-  for tie in ties:
+  used = _used(scope)
+  sources = {}  # source path -> reach(scope, path): each looked up once
+  for tie in declared.values():
     names = named_collections(tie.collections)
     for col in names:
-      if col not in present and (len(names) == 1 or did_you_mean(col, present)):
-        raise tie_error(
-            f'The {tie.describe()} ties collection {col!r}, but init created'
-            f' no collection {col!r} (it created'
-            f' {", ".join(map(repr, sorted(present))) or "none"}).'
-            + (held_elsewhere(scope, tie.target, col)
-               or did_you_mean(col, present)),
-            'Fix the collection name in collections=.')
+      if col not in present and (len(names) == 1 or
+                                 tie_errors.did_you_mean(col, present)):
+        raise tie_errors.init_created_no_collection(
+            tie, col, present, held_elsewhere(scope, tie.target, col))
     found = False
     for col in sorted(c for c in present if tie.applies_to(c)):
-      copy = stored(scope, tie.target, col)
-      found = found or copy is not None or col in tie.used
-      if copy is None:
-        continue
-      # A variable is reached as a scope too: its collection is the value.
-      source_scope, crossed = reach(scope, tie.source)
-      source = source_scope and source_scope._collection(col)  # pylint: disable=protected-access
-      if isinstance(source, Mapping) and not source:
-        source = None
-      if source is not None:
-        refuse_declared_inside(scope, tie, col, crossed)
-        _check_copy(tie, col, copy, source)
-      elif not isinstance(copy, Mapping) or copy:
-        raise tie_error(
-            f'The source {text(tie.source)} of the {tie.describe(col)} does'
-            ' not exist: nothing was stored there while initializing (this'
-            ' init ran its target, but no module at the source path).'
-            + (held_elsewhere(scope, tie.source, col)
-               or nearest(stored(scope, (), col) or {}, tie.source)),
-            _FIX_PATH.format('source'),
-            'Initialize with a method that also runs the source.')
-      _drop(scope, tie.target, col)
-      tie.used.add(col)  # checked: a later check of this init finds it
-    if found:
-      continue
-    if any(stored(scope, tie.target, c) is not None for c in present):
-      cols = ', '.join(repr(c) for c in sorted(present) if tie.applies_to(c))
-      raise tie_error(
-          f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
-          f' {text(tie.source)} holds any variable in {cols or "those"}'
-          ' collections while initializing.'
-          + held_elsewhere(scope, tie.target, None),
-          'Tie the collections the two modules hold (collections=...).',
-          'Tie the modules that hold the collection.')
-    raise tie_error(
-        f'The target {text(tie.target)} of the {tie.describe()} does not'
-        ' exist: no module or variable was created there while'
-        ' initializing in the tied collections.'
-        + (held_elsewhere(scope, tie.target, None)
-           or nearest(stored(scope, (), 'params') or {}, tie.target)),
-        _FIX_PATH.format('target'),
-        'Initialize with a method that runs the target.')
+      form = found_ties.form(col)
+      top = form.covering(tie.target)
+      for resolved in sorted([*(top,)[:top is not None],
+                              *form.below.get(tie.target, ())],
+                             key=lambda t: -len(t.target)):
+        found = _check_copy_of(scope, resolved, col, sources, used) or found
+        found = found or (resolved.target, col) in used
+    if not found:
+      _refuse_untied(scope, tie, present)
+
+
+def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
+  """Checks and drops the copy of ``tie``'s target; whether there was one."""
+  copy = stored(scope, tie.target, col)
+  if copy is None:
+    return False
+  # A variable is reached as a scope too: its collection is the value.
+  key = (tie.source, col)
+  if key not in sources:
+    source_scope, crossed = reach(scope, tie.source)
+    source = source_scope and source_scope._collection(col)  # pylint: disable=protected-access
+    if isinstance(source, Mapping) and not source:
+      source = None
+    sources[key] = source, crossed, None
+  source, crossed, flat = sources[key]
+  if source is not None:
+    _refuse_declared_inside(scope, tie, col, crossed)
+    if flat is None and tie.view is None:  # flattened once per source
+      flat = dict(flatten(source))
+      sources[key] = source, crossed, flat
+    _check_copy(tie, col, copy, source, flat if tie.view is None else None)
+  elif not isinstance(copy, Mapping) or copy:
+    raise tie_errors.source_missing_at_init(tie, col,
+                                            _near(scope, tie.source, col))
+  _drop(scope, tie.target, col)
+  used.add((tie.target, col))  # checked: a later check finds it
+  return True
+
+
+def _refuse_untied(scope, tie: Tie, present):
+  """A declared tie that tied nothing: say whether its target exists."""
+  if any(stored(scope, tie.target, c) is not None for c in present):
+    cols = ', '.join(repr(c) for c in sorted(present) if tie.applies_to(c))
+    raise tie_errors.ties_nothing(tie, cols,
+                                  held_elsewhere(scope, tie.target, None))
+  raise tie_errors.target_missing(tie, _near(scope, tie.target, None))
 
 
 def _drop(scope, path: Path, col: str):
@@ -526,21 +749,19 @@ def _drop(scope, path: Path, col: str):
       parent.pop(path[end - 1], None)
 
 
-def _check_copy(tie: Tie, col: str, copy, source):
+def _check_copy(tie: Tie, col: str, copy, source, flat_source=None):
   """Raises unless ``copy`` could be read from ``source`` (through the view)."""
   if isinstance(copy, Mapping) != isinstance(source, Mapping):
-    raise kinds_differ(tie, col, target_is_module=isinstance(copy, Mapping))
-  flat_source = dict(flatten(jax.eval_shape(lambda s: viewed(tie, s), source)))
+    raise tie_errors.kinds_differ(tie, col,
+                                  target_is_module=isinstance(copy, Mapping))
+  if flat_source is None:
+    flat_source = dict(flatten(jax.eval_shape(lambda s: viewed(tie, s),
+                                              source)))
   for path, leaf in flatten(copy):
     if path not in flat_source:
-      raise tie_error(
-          f'The target {text(tie.target + path)} of the {tie.describe(col)}'
-          f' has no counterpart in the source: {text(tie.source + path)} is'
-          ' not stored.' + nearest(source if isinstance(source, Mapping)
-                                    else {}, path, tie.source),
-          'Fix the source path: a target may only use variables its source'
-          ' has.',
-          'Tie modules of the same structure.')
-    check_like(dataclasses.replace(tie, target=tie.target + path,
-                                   source=tie.source + path),
-               col, flat_source[path], leaf)
+      raise tie_errors.no_counterpart(tie, col, path, tie_errors.nearest(
+          source if isinstance(source, Mapping) else {}, path, tie.source))
+    if not _alike(flat_source[path], leaf):
+      check_like(dataclasses.replace(tie, target=tie.target + path,
+                                     source=tie.source + path),
+                 col, flat_source[path], leaf)

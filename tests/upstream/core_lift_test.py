@@ -583,18 +583,32 @@ class TieScopeStateTest(parameterized.TestCase):
                            expected_variables['params']['a'])
     np.testing.assert_allclose(apply(tied)(expected_variables, x), expected)
 
-  def test_declaring_a_new_source_replaces_the_tie(self):
+  def test_declaring_the_same_tie_again_changes_nothing(self):
     def fn(scope, x):
       self.declare(scope, {'b': 'a'})
       self.declare(scope, {'b': 'a'})  # the same tie again: no change
-      self.declare(scope, {'b': 'c'})
       return scope.child(self.dense, 'b')(x)
 
     x = random.normal(random.key(0), (2, 3))
     _, a = init(self.dense)(random.key(1), x)
     _, c = init(self.dense)(random.key(2), x)
     y = apply(fn)({'params': {'a': a['params'], 'c': c['params']}}, x)
-    np.testing.assert_allclose(y, apply(self.dense)(c, x))
+    np.testing.assert_allclose(y, apply(self.dense)(a, x))
+
+  def test_declaring_a_second_source_for_a_target_is_refused(self):
+    # The ties in force have one normal form: a later declaration does not
+    # silently replace an earlier one (which would depend on their order).
+    def fn(scope, x):
+      self.declare(scope, {'b': 'a'})
+      self.declare(scope, {'b': 'c'})
+      return scope.child(self.dense, 'b')(x)
+
+    x = random.normal(random.key(0), (2, 3))
+    _, a = init(self.dense)(random.key(1), x)
+    with self.assertRaisesRegex(
+        errors.TieError, r'/b is given two sources: /a \(the tie /b -> /a'
+        r'.*\) and /c \(the tie /b -> /c'):
+      apply(fn)({'params': {'a': a['params'], 'c': a['params']}}, x)
 
   def test_a_view_is_read_only(self):
     double = lambda v: 2 * v

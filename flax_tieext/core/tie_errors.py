@@ -1,0 +1,403 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""The messages of :class:`~flax.errors.TieError`, built apart from the checks.
+
+Each function returns the error for one broken rule; the code that decides
+(``flax.core.tie_spec`` for declarations, ``flax.core.ties`` for resolution,
+``flax.core.tie_convert`` for conversions) only chooses which one to raise.
+A message says what happened, where (target, source, collection and the
+declaring module), what exists nearby, and the options that fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flax_tieext.errors import TieError
+
+Path = tuple[str, ...]
+
+FIX_PATH = ('Fix the {} path (paths are relative to the module that declares'
+            ' the tie; a leading "/" starts at the root module).')
+
+
+def text(path) -> str:
+  return '/' + '/'.join(path)
+
+
+def tie_error(what: str, *options: str) -> TieError:
+  """A TieError: what happened, then numbered options (only those that apply)."""
+  options = [o for o in options if o]
+  if len(options) == 1:
+    return TieError(f'{what}\n\nTo fix it: {options[0]}')
+  listed = ''.join(f'\n  {i}. {o}' for i, o in enumerate(options, 1))
+  return TieError(f'{what}\n\nOptions:{listed}' if options else what)
+
+
+def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
+  """Names that exist where ``path`` stops matching ``tree``, nearest first."""
+  node, depth = tree, 0
+  for name in path:
+    if not isinstance(node, Mapping) or name not in node:
+      break
+    node, depth = node[name], depth + 1
+  if depth == len(path):
+    return ''
+  names = sorted(node) if isinstance(node, Mapping) else []
+  near = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
+  where = text(base + path[:depth])
+  dotted = path[depth].split('.')
+  if len(dotted) > 1 and all(dotted):
+    return (f' Paths are "/"-separated: for {path[depth]!r} write'
+            f' {"/".join(dotted)!r}.')
+  if near:
+    return f' Nearest existing names under {where}: {", ".join(near)}.'
+  return f' Names that exist under {where}: {", ".join(names) or "none"}.'
+
+
+def did_you_mean(name, names) -> str:
+  near = difflib.get_close_matches(name, list(names), n=1)
+  return f' Did you mean {near[0]!r}?' if near else ''
+
+
+def _listed(names) -> str:
+  return ', '.join(map(repr, sorted(names))) or 'none'
+
+
+# ---------------------------------------------------------------------------
+# Declaration: the normal form of the ties in force
+# ---------------------------------------------------------------------------
+
+
+def not_a_mapping(ties) -> TieError:
+  return TieError('ties must be a mapping from target path to source path'
+                  f' (or to (source path, view_fn)), got {type(ties).__name__}.')
+
+
+def bad_source_spec(target_text: str, declared_at: Path, spec) -> TieError:
+  return TieError(
+      f'The source of tie {target_text!r} (declared at {text(declared_at)})'
+      f' must be a path, or a (path, view_fn) pair, got {spec!r}.')
+
+
+def path_not_a_str(what: str, declared_at: Path, path) -> TieError:
+  return TieError(
+      f'The {what} path of a tie declared at {text(declared_at)} must be a str,'
+      f' got {type(path).__name__} {path!r}. Write paths as "/"-separated'
+      ' module names, e.g. "block_1/attn", "head/kernel", "." or'
+      ' "/encoder/embed".')
+
+
+def above_root(what: str, path: str, declared_at: Path) -> TieError:
+  return TieError(f'The {what} path {path!r} of a tie declared at'
+                  f' {text(declared_at)} goes above the root module.')
+
+
+def spelled_twice(first_text: str, second_text: str, declared_at: Path,
+                  target: Path, first, second) -> TieError:
+  """One mapping names a target twice (two spellings), differently."""
+  differ = (f'different sources ({text(first[0])} and {text(second[0])})'
+            if first[0] != second[0] else
+            f'the source {text(second[0])} with different views')
+  return TieError(
+      f'Ties {first_text!r} and {second_text!r} declared at'
+      f' {text(declared_at)} both name {text(target)}, with {differ}. A target'
+      ' has one source: keep one of them.')
+
+
+def self_tie(target_text: str, spec: str, declared_at: Path,
+             target: Path) -> TieError:
+  return TieError(
+      f'Tie {target_text!r} -> {spec!r} declared at {text(declared_at)} ties'
+      f' {text(target)} to itself. A tie needs two distinct paths: remove it,'
+      ' or name the module whose variables should be shared.')
+
+
+def _where(ties) -> str:
+  places = sorted({t.declared_at for t in ties})
+  return ' and '.join(text(p) for p in places)
+
+
+def cycle(ties, paths: Sequence[Path]) -> TieError:
+  """The chain of ties from a target comes back to a path it passed."""
+  return TieError(
+      f'The ties declared at {_where(ties)} form a cycle: '
+      + ' -> '.join(text(p) for p in paths)
+      + '. Every chain of ties must end at a stored path: pick one of them as'
+      ' the source and tie the others to it.')
+
+
+def two_sources(target: Path, first, second) -> TieError:
+  """A target given two sources: ``first``/``second`` are ``(source, tie)``."""
+  def how(source, tie):
+    if tie.target == target:
+      return f'{text(source)} (the {tie.describe()})'
+    return (f'{text(source)} (through the {tie.describe()}, of its ancestor'
+            f' {text(tie.target)})')
+  return TieError(
+      f'{text(target)} is given two sources: {how(*first)} and'
+      f' {how(*second)}. A target has one source, whatever the order in which'
+      ' the ties are written or declared.\n\nOptions:\n'
+      '  1. Keep one of the two ties.\n'
+      '  2. Tie the sources to each other first, so that both chains end at'
+      ' one stored path.')
+
+
+def ancestor(tie, inner: Path, outer: Path) -> TieError:
+  return TieError(
+      f'The {tie.describe()}: {text(inner)} lies inside {text(outer)}. A'
+      ' module cannot share the variables of its own ancestor or descendant;'
+      ' tie two sibling paths instead.')
+
+
+# ---------------------------------------------------------------------------
+# Resolution: what a target sees
+# ---------------------------------------------------------------------------
+
+
+def given_for_target(tie, col: str) -> TieError:
+  """Values given at ``apply`` for a target would be ignored."""
+  return tie_error(
+      f'Values were given for {text(tie.target)} in collection {col!r},'
+      f' but it is the target of the {tie.describe()}: only the source'
+      f' {text(tie.source)} is stored, so they would be ignored.',
+      'Convert variables saved from an untied model with'
+      ' tie_variables(variables, ties), which checks that each target'
+      ' equals its source and removes it.')
+
+
+def unreachable(tie, col: str, where: str) -> TieError:
+  return tie_error(f'Cannot reach the source of the {tie.describe(col)} from'
+                   f' {where}.',
+                   'Declare the tie at a module that contains both paths.')
+
+
+def kinds_differ(tie, col: str, target_is_module: bool) -> TieError:
+  """A module tied to a variable, or a variable to a module."""
+  kinds = ('a module', 'a variable')[::1 if target_is_module else -1]
+  target, source = ((tie.target + tie.source[-1:], tie.source)
+                    if target_is_module else
+                    (tie.target, tie.source + tie.target[-1:]))
+  rel = lambda path: '/'.join(path[len(tie.declared_at):])
+  return tie_error(
+      f'In the {tie.describe(col)}, the target is {kinds[0]} but the source'
+      f' is {kinds[1]}.',
+      'Tie a module to a module, or a variable to a variable (e.g.'
+      f' "{rel(target)}": "{rel(source)}").')
+
+
+def source_not_stored(tie, col: str, where: str, hint: str) -> TieError:
+  return tie_error(
+      f'The source {text(tie.source)} of the {tie.describe(col)} is not'
+      f' stored (looked up from {where}).' + hint,
+      FIX_PATH.format('source'),
+      "Pass the source's variables to apply (init them with a method that"
+      ' runs the source).')
+
+
+def declared_inside(tie, col: str, where: str, transform: str) -> TieError:
+  """A tie declared inside a lifted transform, whose source lies outside it."""
+  return tie_error(
+      f'The {tie.describe(col)} is used inside nn.{transform} at {where}, and'
+      f' its source {text(tie.source)} lies outside that {transform}, but the'
+      f' tie is declared inside the {transform}: a tie declared inside a'
+      ' lifted transform reaches only the paths inside it'
+      + (' (the compiled function would keep a stale copy of the source).'
+         if transform == 'jit' else '.'),
+      'Declare the tie at a module that contains both paths (their common'
+      f' ancestor), outside the {transform}.')
+
+
+def cannot_land(tie, col: str, where: str, transforms: Sequence[str],
+                write: bool, near: str, declared_inside: bool) -> TieError:
+  """A write, or an initialization, of a source that is a closed-over value."""
+  first = transforms[0]
+  return tie_error(
+      f'{"A write to" if write else "Initializing"} {text(tie.target)} in'
+      f' collection {col!r} cannot land in its source {text(tie.source)}: the'
+      f' {tie.describe(col)} is used inside'
+      f' {" and ".join(f"nn.{name}" for name in transforms)} at {where}, and'
+      ' the source lies outside it, where it is a read-only (broadcast)'
+      ' value.' + near,
+      'Fix the source path.' if near else '',
+      'Declare the tie at the common ancestor of both paths, outside the'
+      f' {first}.' if declared_inside else '',
+      f'Write to the source outside the {first}.' if write else
+      f'Run the source {text(tie.source)} before the {first}, so that it'
+      ' exists when the target reads it.')
+
+
+def read_only(tie, col: str, where: str) -> TieError:
+  return tie_error(
+      f'Cannot write to {text(tie.target)} in collection {col!r} at {where}:'
+      f' the {tie.describe(col)} gives a derived, read-only view of the'
+      ' source.',
+      f'Write to the source {text(tie.source)} instead.',
+      'Tie without a view_fn.')
+
+
+def collection_missing(tie, col: str, where: str, given) -> TieError:
+  """A tied collection is used, but neither given nor mutable."""
+  return tie_error(
+      f'The {tie.describe()} ties collection {col!r}, which {where} uses, but'
+      f' the variables have no collection {col!r} and it is not mutable'
+      f' (collections given: {_listed(given)}).' + did_you_mean(col, given),
+      f'Pass it to apply: variables={{..., {col!r}: ...}}.',
+      f'Make it mutable: apply(..., mutable=[{col!r}]).')
+
+
+def collection_unknown(tie, col: str, given, hint: str) -> TieError:
+  """A tie names a collection no given variable and no module has (apply)."""
+  return tie_error(
+      f'The {tie.describe()} ties collection {col!r}, but the variables have'
+      f' no collection {col!r} and no module under the tie uses it'
+      f' (collections given: {_listed(given)}).'
+      + (hint or did_you_mean(col, given)),
+      'Fix the collection name in collections=.')
+
+
+def unlike(tie, col: str, existing: str, value: str) -> TieError:
+  return tie_error(
+      f'Shape or dtype mismatch in the {tie.describe(col)}: the source'
+      f' {text(tie.source)} has {existing}, but {text(tie.target)} has'
+      f' {value}. Tied paths must hold variables of the same shape and dtype.',
+      'Tie paths that hold variables of the same shape and dtype.',
+      'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
+
+
+def view_loses_axis(tie, name: str) -> TieError:
+  return tie_error(
+      f'The view of the {tie.describe()} moves the partitioned axis {name!r}'
+      f' of {text(tie.source)} in a way whose axis names cannot be followed.',
+      'Use a view that permutes axes (e.g. jnp.transpose).',
+      'Unbox the variables first (flax.linen.unbox).')
+
+
+def unsupported_transform(tie, name: str, where: str) -> TieError:
+  return tie_error(
+      f'The target of the {tie.describe()} is inside the lifted transform'
+      f' {name!r} at {where}, and its source lies outside it, but {name!r}'
+      ' does not declare what it does with a tie source outside it.',
+      'Declare the tie inside the transform, with both paths inside it.')
+
+
+# ---------------------------------------------------------------------------
+# The end of init: each tie checked on what init stored
+# ---------------------------------------------------------------------------
+
+
+def held_in(path: Path, holders) -> str:
+  """Names a collection that holds ``path``, if any."""
+  return holders and (
+      f' {text(path)} is stored in collection {holders[0]!r}: tie that'
+      f' collection (collections={holders[0]!r}).') or ''
+
+
+def init_created_no_collection(tie, col: str, present, hint: str) -> TieError:
+  return tie_error(
+      f'The {tie.describe()} ties collection {col!r}, but init created no'
+      f' collection {col!r} (it created {_listed(present)}).'
+      + (hint or did_you_mean(col, present)),
+      'Fix the collection name in collections=.')
+
+
+def source_missing_at_init(tie, col: str, hint: str) -> TieError:
+  return tie_error(
+      f'The source {text(tie.source)} of the {tie.describe(col)} does not'
+      ' exist: nothing was stored there while initializing (this init ran its'
+      ' target, but no module at the source path).' + hint,
+      FIX_PATH.format('source'),
+      'Initialize with a method that also runs the source.')
+
+
+def ties_nothing(tie, cols: str, hint: str) -> TieError:
+  return tie_error(
+      f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'
+      f' {text(tie.source)} holds any variable in {cols or "those"}'
+      ' collections while initializing.' + hint,
+      'Tie the collections the two modules hold (collections=...).',
+      'Tie the modules that hold the collection.')
+
+
+def target_missing(tie, hint: str) -> TieError:
+  return tie_error(
+      f'The target {text(tie.target)} of the {tie.describe()} does not exist:'
+      ' no module or variable was created there while initializing in the'
+      ' tied collections.' + hint,
+      FIX_PATH.format('target'),
+      'Initialize with a method that runs the target.')
+
+
+def no_counterpart(tie, col: str, path: Path, hint: str) -> TieError:
+  return tie_error(
+      f'The target {text(tie.target + path)} of the {tie.describe(col)} has no'
+      f' counterpart in the source: {text(tie.source + path)} is not stored.'
+      + hint,
+      'Fix the source path: a target may only use variables its source has.',
+      'Tie modules of the same structure.')
+
+
+# ---------------------------------------------------------------------------
+# Conversions between the untied and the tied layout
+# ---------------------------------------------------------------------------
+
+
+def stack_count_differs(verb: str, tie, col: str, stack: Path, layers: int,
+                        leaf: Path, shape) -> TieError:
+  """``stacks`` names a count that the stack's other variables do not have."""
+  found = (f'a leading axis of {shape[0]}' if shape else 'no leading axis')
+  fix = (f' stacks={{{"/".join(stack)!r}: {shape[0]}}}' if shape else '')
+  return tie_error(
+      f'Cannot {verb} {text(tie.target)} in collection {col!r}: stacks gives'
+      f' {text(stack)} {layers} layers, but {text(leaf)}, stored beside the'
+      f' target in that stack, has {found} (shape {tuple(shape)}). A target'
+      ' inside a stack has one copy of its source per layer, as many as its'
+      ' siblings.',
+      f'Give the stack its number of layers:{fix}.' if fix else
+      f'Name only stacks in stacks= ({text(stack)} is not one).')
+
+
+def convert_source_missing(verb: str, tie, col: str, near: str) -> TieError:
+  return TieError(
+      f'Cannot {verb} {text(tie.target)} and {text(tie.source)} in collection'
+      f' {col!r}: the target is present but the source is missing from the'
+      f' variables.{near} Fix the source path in the ties.')
+
+
+def bad_stack_count(path: str, layers) -> TieError:
+  return TieError(f'stacks[{path!r}] must be the number of layers of the'
+                  f' stack, a positive int; got {layers!r}.')
+
+
+def unnamed_stack(tie, col: str, stack: Path, n: int) -> TieError:
+  """A target below stacked variables would be written unstacked."""
+  where = text(stack)
+  return TieError(
+      f'Cannot untie {text(tie.target)} in collection {col!r}: it lies inside'
+      f' {where}, whose every variable has a leading axis of {n} that its'
+      f' source {text(tie.source)} lacks, as in a stack of {n} layers (nn.scan'
+      ' / nn.vmap). Written unstacked, it would not load into the untied'
+      ' model.\n\nOptions:\n'
+      f'  1. Name the stack: stacks={{{where[1:]!r}: {n}}} (one copy of the'
+      ' source per layer).\n'
+      '  2. If it is not a stack, say so: stacks={}.')
+
+
+def not_equal(tie, col: str, how: str) -> TieError:
+  """A stored target is not what its source gives it."""
+  return TieError(f'Cannot tie {text(tie.target)} to {text(tie.source)} in'
+                  f' collection {col!r}: {how}')
