@@ -81,7 +81,7 @@ class StaticArgs:
       transform: str = 'checkpoint',
       first_index: int = 0,
       supplies_first: bool = True,
-      group: 'tuple[StaticArgs, ...]' = (),
+      group: tuple = (),
   ):
     self.fn, self.transform, self.first_index = fn, transform, first_index
     self.supplies_first, self.group = supplies_first, group or (self,)

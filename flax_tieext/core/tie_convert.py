@@ -160,7 +160,7 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
         if tie_spec.walk(tree[col], tie.target) is None:
           continue
         raise tie_errors.convert_source_missing(
-            verb, tie, col, tie_spec.nearest(tree[col], tie.source))
+            verb, tie, col, tie_errors.nearest(tree[col], tie.source))
       if stacks is None and verb == 'untie':
         _refuse_unnamed_stack(tree[col], tie, col)
       if stack is not None:
@@ -249,7 +249,7 @@ def _check_equal(tie, col: str, target, expected, stack=None):
   paths = [tuple(k.key for k in p) for p, _ in
            jax.tree_util.tree_flatten_with_path(target, is_leaf=tie_spec.is_box)[0]]
   for path, x, y in zip(paths, xs, ys):
-    leaf = tie_spec.text(tie.target + path)
+    leaf = tie_errors.text(tie.target + path)
     x_names, y_names = getattr(x, 'names', None), getattr(y, 'names', None)
     if stack is not None and x_names is not None:
       x_names = x_names[1:]
@@ -267,7 +267,7 @@ def _check_equal(tie, col: str, target, expected, stack=None):
                 ' source, as in a stack of layers: name the stack, e.g.'
                 f' stacks={{{tie.target[0]!r}: {x.shape[0]}}}.')
       elif stack is not None:
-        hint = (f' {leaf} lies in the stack {tie_spec.text(stack[0])} of'
+        hint = (f' {leaf} lies in the stack {tie_errors.text(stack[0])} of'
                 f' {stack[1]} layers (axis 0), so it needs shape'
                 f' {(stack[1], *y.shape)}.')
       raise tie_errors.not_equal(
@@ -276,7 +276,7 @@ def _check_equal(tie, col: str, target, expected, stack=None):
     for i, layer in enumerate(layers):
       if not np.array_equal(layer, y):
         where = '' if stack is None else (
-            f' in layer {i} (axis 0) of the stack {tie_spec.text(stack[0])}')
+            f' in layer {i} (axis 0) of the stack {tie_errors.text(stack[0])}')
         raise tie_errors.not_equal(
             tie, col, f'{leaf} differs from its source{where} (max abs'
             f' difference {float(np.max(np.abs(layer - y)))}). Tying would'

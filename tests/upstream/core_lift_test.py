@@ -28,6 +28,7 @@ import numpy as np
 from flax.core import DenyList, apply, init, lift, nn
 import flax_tieext  # noqa: F401  (installs the features into Flax)
 from flax_tieext import errors
+from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties
 
@@ -346,18 +347,18 @@ class TieSpecTest(parameterized.TestCase):
        " 'encoder/block_0'."),
   )
   def test_nearest(self, path, hint):
-    self.assertEqual(tie_spec.nearest(self.TREE, path).strip(), hint)
+    self.assertEqual(tie_errors.nearest(self.TREE, path).strip(), hint)
 
   def test_nearest_names_the_base_of_a_subtree(self):
     self.assertEqual(
-        tie_spec.nearest(self.TREE['encoder'], ('blok_0',), ('encoder',)),
-        tie_spec.nearest(self.TREE, ('encoder', 'blok_0')))
+        tie_errors.nearest(self.TREE['encoder'], ('blok_0',), ('encoder',)),
+        tie_errors.nearest(self.TREE, ('encoder', 'blok_0')))
 
   def test_did_you_mean(self):
     cols = ('params', 'batch_stats')
-    self.assertEqual(tie_spec.did_you_mean('parms', cols),
+    self.assertEqual(tie_errors.did_you_mean('parms', cols),
                      " Did you mean 'params'?")
-    self.assertEqual(tie_spec.did_you_mean('cache', cols), '')
+    self.assertEqual(tie_errors.did_you_mean('cache', cols), '')
 
   def test_walk(self):
     self.assertIs(tie_spec.walk(self.TREE, ()), self.TREE)
