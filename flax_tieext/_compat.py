@@ -194,6 +194,6 @@ def nnx_remat(
     return statics.apply(
         lambda static, args, kwargs: (
             merged(static) if any(static) else unstatic)(args, kwargs),
-        args, kwargs)
+        *statics.bound_call(args, kwargs))
 
   return wrapper

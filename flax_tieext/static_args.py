@@ -22,6 +22,7 @@ its default (``jax.checkpoint(static_argnums=...)`` sees positions only).
 
 # pylint: disable=g-importing-member,unused-import
 from collections.abc import Callable, Iterable
+import functools
 import inspect
 from typing import Any
 # pylint: enable=g-importing-member,unused-import
@@ -91,6 +92,7 @@ class StaticArgs:
     self.given = {'static_argnums': static_argnums,
                   'static_argnames': static_argnames}
     self._resolved = None  # None: not bound; False: bound; True: checked
+    self._signature = None  # for bound_call()
     # The method as the transform returns it (for a decorator), which
     # another decorator may mark (the diagnostics' note on @nn.compact).
     self.decorated = None
@@ -224,6 +226,29 @@ class StaticArgs:
     kwargs = {k: v for k, v in kwargs.items() if k not in self.names}
     return static, args, kwargs
 
+  def bound_call(self, args, kwargs):
+    """The call with its keyword arguments at their positions, defaults filled.
+
+    As ``nnx``'s ``resolve_kwargs`` binds a call, so that ``g(x, m=lin)`` and
+    ``g(x, lin)`` are one call to trace; a keyword-only argument stays a
+    keyword, and a default holding a ``str`` (which JAX could not trace)
+    stays omitted.
+    """
+    if self._signature is None:
+      try:
+        self._signature = inspect.signature(self.fn)
+      except (TypeError, ValueError):  # a builtin: keep the call as it is
+        self._signature = False
+    if not self._signature or isinstance(self.fn, functools.partial):
+      return args, kwargs
+    bound = self._signature.bind(*args, **kwargs)
+    given = set(bound.arguments)
+    bound.apply_defaults()
+    for name in list(bound.arguments):
+      if name not in given and holds_str(bound.arguments[name]):
+        del bound.arguments[name]
+    return bound.args, bound.kwargs
+
   def apply(self, f, args, kwargs):
     """``f(static, args, kwargs)`` for the call ``fn(*args, **kwargs)``."""
     return f(*self.split(args, kwargs))
@@ -240,6 +265,17 @@ class StaticArgs:
 
 
 _NO_STATIC = ((), ())
+
+
+def holds_str(value) -> bool:
+  """Whether ``value`` is a str, or a tuple, list or dict holding one."""
+  if isinstance(value, str):
+    return True
+  if isinstance(value, dict):
+    value = value.values()
+  elif not isinstance(value, (tuple, list)):
+    return False
+  return any(holds_str(v) for v in value)
 
 
 def _once(x, one):

@@ -59,17 +59,6 @@ def _is_array(x):
   )
 
 
-def _has_str(value):
-  """Whether ``value`` is a str, or a tuple, list or dict holding one."""
-  if isinstance(value, str):
-    return True
-  if isinstance(value, dict):
-    value = value.values()
-  elif not isinstance(value, (tuple, list)):
-    return False
-  return any(_has_str(v) for v in value)
-
-
 def _describe_array(x):
   return f'an array of shape {tuple(x.shape)} and dtype {x.dtype}'
 
@@ -412,7 +401,7 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
     static = super().split(args, kwargs)[0]
     strings = [
         label for label, value, origin in self._items(args, kwargs, static)
-        if origin is None and _has_str(value)
+        if origin is None and static_args.holds_str(value)
     ]
     if not strings:
       return None

@@ -45,6 +45,12 @@ def tie_sets(draw):
       where = draw(st.sampled_from(
           ('inner', 'outer') + (('class',) if kind != 'module' else ())))
       ties.append((SITES[i], SITES[draw(st.integers(0, i - 1))], kind, where))
+  # A chain is followed across declarations when each of its ties is
+  # declared at an ancestor of the target (docs/design.md, Limits): a site
+  # that is another tie's source declares its own tie at the root instead.
+  sources = {source for _, source, _, _ in ties}
+  ties = [(t, s, kind, 'inner' if where == 'class' and t in sources else where)
+          for t, s, kind, where in ties]
   order = draw(st.permutations(range(len(ties))))
   remat = draw(st.sets(st.sampled_from(SITES)))
   return [ties[k] for k in order], remat
@@ -100,7 +106,8 @@ def tied_model(ties, remat):
   return root(classes=tuple(classes), names=SITES)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          database=None)
 @given(drawn=tie_sets())
 def test_tied_model_equals_its_union_find_reference(drawn):
   ties, remat = drawn

@@ -345,8 +345,9 @@ def test_nnx_remat_traces_a_keyword_call_once():
     pytest.skip(f'Flax {_compat.FLAX_VERSION} has no nnx.remat')
   from flax_tieext.nnx import remat  # pylint: disable=g-import-not-at-top
 
-  def traced_count(remat_fn):
-    traces = []
+  def traced_counts(remat_fn):
+    """Traces after each call, or the error type of a call refused."""
+    traces, counts = [], []
 
     def g(x, m):
       traces.append(None)
@@ -354,12 +355,23 @@ def test_nnx_remat_traces_a_keyword_call_once():
 
     lin = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
     rg = remat_fn(g)
-    rg(X, lin)
-    rg(X, m=lin)
-    rg(X, lin)
-    return len(traces)
+    for kwargs in ({}, {'m': lin}, {}):
+      try:
+        rg(X, **kwargs) if kwargs else rg(X, lin)
+        counts.append(len(traces))
+      except TypeError as e:
+        counts.append(type(e).__name__)
+    return counts
 
-  assert traced_count(remat) == traced_count(_compat.NNX_REMAT)
+  plain = traced_counts(_compat.NNX_REMAT)
+  ours = traced_counts(remat)
+  if 'TypeError' in plain:
+    # This Flax refuses the keyword call (we take it), and its nnx.remat
+    # traces every call: at most the one more trace of the call it refused.
+    assert all(isinstance(n, int) for n in ours), (ours, plain)
+    assert ours[-1] <= plain[-1] + 1, (ours, plain)
+  else:
+    assert ours == plain, (ours, plain)
 
 
 # -- what an untied model pays: Python calls, counted --------------------------

@@ -102,5 +102,6 @@ def assert_like_hand_shared(tied, reads, untied=None, x=X):
     put(expected, source, jax.tree_util.tree_map(
         jnp.add, get(expected, source), get(hand, path)))
   jax.tree_util.tree_map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), grads,
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+      grads,
       expected)

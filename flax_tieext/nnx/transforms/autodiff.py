@@ -26,7 +26,6 @@ gets ``flax_tieext._compat.nnx_remat`` instead (see ``flax_tieext.nnx``).
 
 # pylint: disable=g-importing-member,unused-import
 import functools
-import inspect
 import typing as tp
 
 import jax
@@ -168,40 +167,12 @@ def remat(
 
     return remat_wrapper  # type: ignore[return-value]
 
-  signature = _signature(f_unbound)
-
   @functools.wraps(f_unbound)
   def resolved_remat_wrapper(*args, **kwargs):
-    # As resolve_kwargs does in the graph path: keyword arguments become
-    # positions and defaults are filled in, so that `g(x, m=lin)` and
-    # `g(x, lin)` are one call to trace. A keyword-only argument, which
-    # resolve_kwargs refuses, stays a keyword; a default JAX could not trace
-    # (a str), which it would pass traced, stays omitted.
-    if signature is not None:
-      bound = signature.bind(*args, **kwargs)
-      given = set(bound.arguments)
-      bound.apply_defaults()
-      for name in list(bound.arguments):
-        if name not in given and _holds_str(bound.arguments[name]):
-          del bound.arguments[name]
-      args, kwargs = bound.args, bound.kwargs
-    return statics.apply(rematted, args, kwargs)
+    # As resolve_kwargs does in the graph path (see StaticArgs.bound_call).
+    return statics.apply(rematted, *statics.bound_call(args, kwargs))
 
   return resolved_remat_wrapper  # type: ignore[return-value]
-
-
-def _holds_str(value):
-  return any(isinstance(leaf, str) for leaf in jax.tree_util.tree_leaves(value))
-
-
-def _signature(f):
-  """The signature ``resolve_kwargs`` binds, or None where it has none."""
-  if isinstance(f, functools.partial):  # opaque, as resolve_kwargs has it
-    return None
-  try:
-    return inspect.signature(f)
-  except (TypeError, ValueError):
-    return None
 
 
 def _remat(
