@@ -91,7 +91,7 @@ NEWEST_PROPERTY_EXAMPLES = '40'
 # The differential harness (tests/test_differential.py: programs run plain and
 # patched in fresh interpreters) draws 2 examples; the oldest and newest
 # releases' matrix sessions draw this many, and `nox -s ci` leaves it to them.
-EDGE_DIFFERENTIAL_EXAMPLES = '6'
+EDGE_DIFFERENTIAL_EXAMPLES = '4'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
 CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'upstream', 'docs',
