@@ -324,15 +324,15 @@ def ci(session):
   # half only.
   #
   # To keep CI within its budget, the releases between the oldest and the
-  # newest run the opted-out half only for the tie regression tests
-  # (tests/test_tie_scope_state.py), and leave the differential harness to
-  # the oldest and newest (and the README run); `nox -s "matrix(<release>)"`
-  # by hand runs it all.
+  # newest run the opted-out half only for the tie regression tests (marked
+  # installs_patch: they install the patch themselves), and leave the
+  # differential harness to the oldest and newest (and the README run);
+  # `nox -s "matrix(<release>)"` by hand runs it all.
   readme_release = _release_of_this_environment()
   inner = [f'matrix({v})' for v in RELEASES[1:-1] if v != readme_release]
   for name in CI_SESSIONS:
     posargs = (['-k', 'opted-out'] if name == f'matrix({readme_release})' else
-               ['-k', '(not opted-out or test_tie_scope_state) and not test_differential']
+               ['-k', '(not opted-out or installs_patch) and not test_differential']
                if name in inner else
                ['--reuse-html'] if name == 'screenshots' else None)
     session.notify(name, posargs)

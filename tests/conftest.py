@@ -25,6 +25,9 @@ with one collection, in one process per xdist worker.
 Two markers leave a test's opted-out copy out: ``needs_patch`` (it relies on
 the patch), and ``own_patch_mode`` (everything it checks runs in interpreters
 whose ``FLAX_TIEEXT_AUTOPATCH`` it sets itself, so the copy would repeat it).
+A third, ``installs_patch``, keeps the copy and installs the patch for the
+test, as a user with ``FLAX_TIEEXT_AUTOPATCH=0`` calls ``flax_tieext.install()``
+to use ties (the tie regression tests of issue 16).
 """
 
 import pytest
@@ -82,3 +85,18 @@ def patch_mode(request, monkeypatch):
   finally:
     if was_installed:
       flax_tieext.install()
+
+
+@pytest.fixture(autouse=True)
+def patch_installed(request):
+  """Installs the patch for a test marked ``installs_patch``, in either mode."""
+  if request.node.get_closest_marker('installs_patch') is None:
+    yield
+    return
+  if 'patch_mode' in request.fixturenames:
+    request.getfixturevalue('patch_mode')  # opted out first, then install
+  was_installed = flax_tieext.is_installed()
+  flax_tieext.install()
+  yield
+  if not was_installed:
+    flax_tieext.uninstall()

@@ -5,9 +5,10 @@ shares by hand, one module instance used at both places, and compares what
 every Flax API that can observe a module sees: ``bind`` and direct submodule
 calls, ``apply(method=...)``, submodules passed as attributes, Flax's own views
 of a scope (``Module.variables``), ``init_with_output``, and the bodies of
-``nn.cond`` / ``nn.switch`` / ``nn.while_loop``. The module is not marked
-``needs_patch``: in the opted-out run, a user with ``FLAX_TIEEXT_AUTOPATCH=0``
-calls ``flax_tieext.install()`` to use ties, and so does the fixture below.
+``nn.cond`` / ``nn.switch`` / ``nn.while_loop``. The module is marked
+``installs_patch``, not ``needs_patch``: in the opted-out run, a user with
+``FLAX_TIEEXT_AUTOPATCH=0`` calls ``flax_tieext.install()`` to use ties, and so
+does the fixture of that marker (tests/conftest.py).
 """
 
 import functools
@@ -29,17 +30,8 @@ WRAPS = tie_wraps.WRAPS
 
 close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
 
-
-@pytest.fixture(autouse=True)
-def installed(request):
-  """Ties live in Flax's scopes: the patch is installed for each test."""
-  if 'patch_mode' in request.fixturenames:
-    request.getfixturevalue('patch_mode')  # opted out first, then install
-  was_installed = flax_tieext.is_installed()
-  flax_tieext.install()
-  yield
-  if not was_installed:
-    flax_tieext.uninstall()
+# Ties live in Flax's scopes: the patch is installed for each test.
+pytestmark = pytest.mark.installs_patch
 
 
 def assert_trees(check, actual, expected):
