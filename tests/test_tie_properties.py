@@ -61,6 +61,7 @@ import numpy as np
 import pytest
 
 import tie_wraps
+from tie_models import assert_trees
 
 import flax_tieext  # noqa: F401
 
@@ -72,7 +73,7 @@ N = 2  # steps of a stack
 EXAMPLES = int(os.environ.get('TIE_PROPERTY_EXAMPLES', '8'))
 COLLECTIONS = ('params', 'graph', 'state')
 
-# map_variables is covered by test_tie_transforms.py: here the reference
+# map_variables is covered by test_tie_lifting.py: here the reference
 # cannot use it, because upstream Flax raises ScopeCollectionNotFound for a
 # module shared as an attribute into nn.map_variables while a collection is
 # mutable (with or without flax_tieext).
@@ -334,12 +335,6 @@ levels_strategy = st.lists(st.sampled_from(['module', 'kernel', 'rooted']),
                            min_size=3, max_size=3)
 
 close = functools.partial(np.testing.assert_allclose, rtol=2e-5, atol=1e-6)
-
-
-def assert_trees(check, actual, expected):
-  assert (jax.tree_util.tree_structure(actual)
-          == jax.tree_util.tree_structure(expected))
-  jax.tree_util.tree_map(check, actual, expected)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

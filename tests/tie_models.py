@@ -1,16 +1,28 @@
-"""Shared fixtures of the tie tests: small models and the hand-shared reference.
+"""Shared fixtures of the tie tests: small models, checks, hand-made references.
+
+The models here are ``D`` (3) wide; ``tie_blocks`` holds the wider blocks,
+encoders and the language model.
 
 ``Leaf`` is a module with one child (``d``, a Dense), ``Chain`` calls three
 leaves ``a``, ``b``, ``c`` in turn (each of a class it is given). The
 reference for a tied ``Chain`` is the untied one whose Dense layers hold, by
 hand, the values of the path each reads (``reads``): one variable at several
 paths, as a user shares it without ties.
+
+``Linear`` (one Dense ``dense``) and ``Blocks`` (``block_0`` then ``block_1``)
+are what the message tests tie, initialized on ``ONES`` by :func:`init`.
 """
+
+import functools
+import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+
+from flax_tieext import TieError
 
 D = 3
 X = jnp.linspace(-1.0, 1.0, 2 * D).reshape(2, D)
@@ -105,3 +117,80 @@ def assert_like_hand_shared(tied, reads, untied=None, x=X):
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
       grads,
       expected)
+
+
+def error(model, x=X) -> str:
+  """The message of the ``TieError`` that ``model``'s init raises."""
+  with pytest.raises(TieError) as info:
+    model.init(jax.random.key(0), x)
+  return str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# The models of the message tests.
+# ---------------------------------------------------------------------------
+
+ONES = jnp.ones((1, D))
+
+
+class Linear(nn.Module):
+  features: int = D
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features, name='dense')(x)
+
+
+class Blocks(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = Linear(name='block_0')(x)
+    return Linear(name='block_1')(x)
+
+
+def init(cls, **kwargs):
+  return cls(**kwargs).init(jax.random.key(0), ONES)
+
+
+# ---------------------------------------------------------------------------
+# Checks.
+# ---------------------------------------------------------------------------
+
+assert_close = functools.partial(np.testing.assert_allclose, rtol=1e-5,
+                                 atol=1e-6)
+
+
+def assert_trees(check, actual, expected):
+  assert (jax.tree_util.tree_structure(actual)
+          == jax.tree_util.tree_structure(expected))
+  jax.tree_util.tree_map(check, actual, expected)
+
+
+def assert_trees_equal(actual, expected):
+  assert_trees(np.testing.assert_array_equal, actual, expected)
+
+
+def assert_trees_close(actual, expected):
+  assert_trees(assert_close, actual, expected)
+
+
+def assert_message_names(message, *fragments):
+  for fragment in fragments:
+    assert fragment in message, f'{fragment!r} missing from: {message}'
+
+
+def assert_says_how_to_fix(message):
+  assert re.search(r'\bfix\b|did you mean|option|instead', message,
+                   re.IGNORECASE), f'no advice in: {message}'
+
+
+def outputs_and_grads(model, variables, *args, rngs=None):
+  """The outputs, and the gradient of a loss on them w.r.t. ``params``."""
+
+  def loss(params):
+    y = model.apply({**variables, 'params': params}, *args, rngs=rngs)
+    return jnp.sum(jnp.sin(y)), y
+
+  (_, y), grads = jax.value_and_grad(loss, has_aux=True)(variables['params'])
+  return y, grads

@@ -1,0 +1,341 @@
+"""Converting variables between the tied and the untied layout.
+
+``flax_tieext.tie_variables`` and ``untie_variables`` take the ties that
+``nn.tie`` takes. Untying gives every target a copy of what it reads (through
+a view, materialised; in a stack, one copy per layer); tying back checks that
+each copy equals its source, naming the leaf (and the stack layer) that
+differs, and removes it. They skip collections that hold neither path, keep or
+refuse partitioning names through a view (never boxing names that do not fit
+the value), and check ``stacks`` counts against the variables beside the
+target.
+
+The tests that convert variables of plain Flax models run without the patch;
+every test that builds a tied model needs the Scope hooks the patch installs.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tie_models
+from tie_blocks import D, HEAD_TIE, LM, X, Attn, TwoWays
+from tie_models import (Chain, assert_close, assert_message_names, assert_trees,
+                        assert_trees_equal)
+
+import flax_tieext
+from flax_tieext import TieError
+
+needs_patch = pytest.mark.needs_patch
+installs_patch = pytest.mark.installs_patch
+
+N = 3
+
+
+# ---------------------------------------------------------------------------
+# A view and a partitioned value.
+# ---------------------------------------------------------------------------
+
+
+@needs_patch
+def test_untie_variables_materialises_the_view():
+  tokens = jnp.array([[1, 2]])
+  tied = nn.tie(LM, HEAD_TIE)()
+  params = tied.init(jax.random.key(0), tokens)
+  untied = flax_tieext.untie_variables(params, HEAD_TIE)
+  np.testing.assert_array_equal(
+      untied['params']['head']['kernel'],
+      params['params']['embed']['embedding'].T)
+  # The untied model computes the same function from the materialised copy.
+  np.testing.assert_allclose(LM().apply(untied, tokens),
+                             tied.apply(params, tokens), rtol=1e-6)
+  # ... and tying it back checks the copy and removes it.
+  retied = flax_tieext.tie_variables(untied, HEAD_TIE)
+  assert set(retied['params']) == {'embed', 'mid'}
+
+
+VOCAB = 5
+
+
+class PartitionedLM(nn.Module):
+  """An untied LM whose weights carry partitioning names, as a user writes it.
+
+  The head's kernel is (D, VOCAB): its names are the embedding's, swapped.
+  """
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, D, name='embed', embedding_init=nn.with_partitioning(
+        nn.initializers.normal(1.0), ('vocab', 'embed')))(tokens)
+    x = nn.Dense(D, name='mid', kernel_init=nn.with_partitioning(
+        nn.initializers.lecun_normal(), ('embed', 'mlp')))(x)
+    return nn.Dense(VOCAB, use_bias=False, name='head',
+                    kernel_init=nn.with_partitioning(
+                        nn.initializers.lecun_normal(),
+                        ('embed', 'vocab')))(x)
+
+
+def partitioned_variables():
+  """The untied variables, head = embedding transposed, and the tied ones."""
+  untied = PartitionedLM().init(jax.random.key(0), jnp.array([[1]]))
+  untied = jax.tree_util.tree_map(
+      lambda a: a, untied, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  params = untied['params']
+  # The user makes the head hold the transposed embedding, keeping the head's
+  # own names ('embed', 'vocab').
+  params['head']['kernel'] = params['head']['kernel'].replace_boxed(
+      params['embed']['embedding'].unbox().T)
+  tied = {'params': {k: v for k, v in params.items() if k != 'head'}}
+  return untied, tied
+
+
+def assert_partitioned_like(actual, expected):
+  """Same values, and the same partitioning names on every boxed value."""
+  assert_trees_equal(nn.unbox(actual), nn.unbox(expected))
+  assert nn.get_partition_spec(actual) == nn.get_partition_spec(expected)
+
+
+def assert_refusal_says_why(error):
+  assert_message_names(str(error), '/head/kernel', '/embed/embedding',
+                       "'params'")
+  assert re.search(r'partition|names', str(error), re.IGNORECASE), str(error)
+
+
+def test_untie_variables_through_a_view_swaps_partitioning_names():
+  """The view transposes the value: the names must follow, or untie refuses."""
+  untied, tied = partitioned_variables()
+  try:
+    result = flax_tieext.untie_variables(tied, HEAD_TIE)
+  except TieError as e:  # refusing is right, if it says why
+    assert_refusal_says_why(e)
+    return
+  assert_partitioned_like(result, untied)
+
+
+def test_tie_variables_through_a_view_accepts_correctly_named_target():
+  """The untied head carries its own, correct names; tying checks values."""
+  untied, tied = partitioned_variables()
+  try:
+    result = flax_tieext.tie_variables(untied, HEAD_TIE)
+  except TieError as e:
+    assert_refusal_says_why(e)
+    return
+  assert_partitioned_like(result, tied)
+
+
+def test_untie_variables_never_boxes_names_that_do_not_fit_the_value():
+  """A view that drops an axis: the names cannot follow, so none may be wrong.
+
+  Either each boxed value carries one name per axis, or untie refuses.
+  """
+  _, tied = partitioned_variables()
+  ties = {'head/kernel': ('embed/embedding', jnp.ravel)}
+  try:
+    result = flax_tieext.untie_variables(tied, ties)
+  except TieError as e:
+    assert_refusal_says_why(e)
+    return
+  np.testing.assert_array_equal(
+      nn.unbox(result)['params']['head']['kernel'],
+      jnp.ravel(nn.unbox(tied)['params']['embed']['embedding']))
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  for box in jax.tree_util.tree_leaves(result, is_leaf=is_box):
+    if is_box(box):
+      assert len(box.names) == box.value.ndim, box
+
+
+# ---------------------------------------------------------------------------
+# Collections, and targets that differ from their source.
+# ---------------------------------------------------------------------------
+
+
+class WithBatchNorm(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(D, name='b')(nn.Dense(D, name='a')(x))
+    return nn.BatchNorm(use_running_average=False, name='bn')(x)
+
+
+@pytest.mark.parametrize('collections', [['params', 'batch_stats'], True],
+                         ids=['params+batch_stats', 'all'])
+def test_conversion_skips_collections_holding_neither_path(collections):
+  """batch_stats holds neither a nor b: it used to fail "source is missing"."""
+  untied = WithBatchNorm().init(jax.random.key(0), X)
+  # The untied model with b made equal to a, as a user ties it by hand ...
+  untied['params']['b'] = untied['params']['a']
+  # ... and the layout the tied model stores: without b.
+  tied = {col: dict(tree) for col, tree in untied.items()}
+  del tied['params']['b']
+  ties = {'b': 'a'}
+  assert_trees_equal(
+      flax_tieext.tie_variables(untied, ties, collections=collections), tied)
+  assert_trees_equal(
+      flax_tieext.untie_variables(tied, ties, collections=collections),
+      untied)
+  assert_trees_equal(
+      flax_tieext.tie_variables(
+          flax_tieext.untie_variables(tied, ties, collections=collections),
+          ties, collections=collections),
+      tied)
+
+
+@needs_patch
+def test_dtype_mismatch_in_tie_variables_names_both_paths():
+  variables = {'params': {'a': {'w': jnp.ones(2)},
+                          'b': {'w': jnp.ones(2, jnp.int32)}}}
+  with pytest.raises(TieError) as info:
+    flax_tieext.tie_variables(variables, {'b': 'a'})
+  message = str(info.value)
+  assert '/b' in message and '/a' in message and 'int32' in message
+
+
+@needs_patch
+def test_tie_variables_refuses_a_target_that_differs():
+  variables = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.zeros(2)}}}
+  with pytest.raises(TieError) as info:
+    flax_tieext.tie_variables(variables, {'b': 'a'})
+  assert 'differs from its source' in str(info.value)
+
+
+@installs_patch
+@pytest.mark.parametrize('differs', ['kernel', 'bias'])
+def test_tie_back_names_the_leaf_that_differs_in_init_order(differs):
+  """Leaf names came in insertion order (kernel, bias), values sorted."""
+  untied = TwoWays().init(jax.random.key(0), X)
+  params = untied['params']
+  params['b'] = {'kernel': params['a']['kernel'], 'bias': params['a']['bias']}
+  params['b'][differs] = params['b'][differs] + 1.0
+  assert list(params['b']) == ['kernel', 'bias']  # as Flax's init orders them
+  with pytest.raises(TieError, match=f'/b/{differs} differs from its source'):
+    flax_tieext.tie_variables(untied, {'b': 'a'})
+
+
+@needs_patch
+def test_conversions_know_a_target_inside_a_targets_source():
+  # c is b, whose d is a's: the untied layout holds all three.
+  ties = {'b/d': 'a/d', 'c': 'b'}
+  variables = nn.tie(Chain, ties)().init(jax.random.key(0), tie_models.X)
+  untied = flax_tieext.untie_variables(variables, ties)
+  for name in 'bc':
+    jax.tree_util.tree_map(np.testing.assert_array_equal,
+                           untied['params'][name], untied['params']['a'])
+  retied = flax_tieext.tie_variables(untied, ties)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, retied, variables)
+
+
+# ---------------------------------------------------------------------------
+# Stacks.
+# ---------------------------------------------------------------------------
+
+
+class StackLayer(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return x + nn.Dense(D, name='ff')(Attn(name='attn')(x)), None
+
+
+class Stacked(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = Attn(name='src')(x)
+    stack = nn.scan(StackLayer, variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=N)
+    return stack(name='stack')(x, None)[0]
+
+
+STACK_TIES = {'stack/attn': 'src'}
+
+
+@installs_patch
+def test_untie_a_target_in_a_stack_gives_one_copy_per_layer():
+  tied = nn.tie(Stacked, STACK_TIES)()
+  variables = tied.init(jax.random.key(0), X)
+  untied = flax_tieext.untie_variables(variables, STACK_TIES,
+                                       stacks={'stack': N})
+  kernel = untied['params']['stack']['attn']['proj']['kernel']
+  assert kernel.shape == (N, D, D)
+  for layer in kernel:
+    np.testing.assert_array_equal(layer,
+                                  variables['params']['src']['proj']['kernel'])
+  assert_close(Stacked().apply(untied, X), tied.apply(variables, X))
+  assert_trees(np.testing.assert_array_equal, flax_tieext.tie_variables(
+      untied, STACK_TIES, stacks={'stack': N}), variables)
+
+
+@installs_patch
+def test_untie_into_a_stack_it_was_not_told_of_is_refused():
+  variables = nn.tie(Stacked, STACK_TIES)().init(jax.random.key(0), X)
+  with pytest.raises(TieError) as info:
+    flax_tieext.untie_variables(variables, STACK_TIES)
+  message = str(info.value)
+  assert '/stack/attn' in message and "stacks={'stack': 3}" in message
+
+
+@installs_patch
+def test_tie_back_names_leaf_stack_and_layer_that_differ():
+  variables = nn.tie(Stacked, STACK_TIES)().init(jax.random.key(0), X)
+  untied = flax_tieext.untie_variables(variables, STACK_TIES,
+                                       stacks={'stack': N})
+  kernel = untied['params']['stack']['attn']['proj']['kernel']
+  untied['params']['stack']['attn']['proj']['kernel'] = kernel.at[2].add(1.0)
+  with pytest.raises(TieError) as info:
+    flax_tieext.tie_variables(untied, STACK_TIES, stacks={'stack': N})
+  message = str(info.value)
+  assert '/stack/attn/proj/kernel' in message
+  assert 'layer 2 (axis 0) of the stack /stack' in message
+  with pytest.raises(TieError, match=r"stacks=\{'stack': 3\}"):
+    flax_tieext.tie_variables(untied, STACK_TIES)
+
+
+class Layer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, _):
+    h = (nn.Dense(tie_models.D, name='attn')(x)
+         + nn.Dense(tie_models.D, name='mlp')(x))
+    return jnp.tanh(h), None
+
+
+class Encoder(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(tie_models.D, name='embed')(x)
+    layers = nn.scan(Layer, variable_axes={'params': 0},
+                     split_rngs={'params': True}, length=2)
+    return layers(name='layers')(x, None)[0]
+
+
+LAYERS_TIES = {'layers/attn': 'embed'}
+
+
+@needs_patch
+def test_untie_with_a_stack_count_its_siblings_lack_is_refused():
+  variables = nn.tie(Encoder, LAYERS_TIES)().init(jax.random.key(0),
+                                                  tie_models.X)
+  untied = flax_tieext.untie_variables(variables, LAYERS_TIES,
+                                       stacks={'layers': 2})
+  assert untied['params']['layers']['attn']['kernel'].shape == (
+      2, tie_models.D, tie_models.D)
+  with pytest.raises(TieError) as info:
+    flax_tieext.untie_variables(variables, LAYERS_TIES, stacks={'layers': 3})
+  message = str(info.value)
+  assert 'stacks gives /layers 3 layers' in message
+  assert '/layers/mlp/bias' in message and 'a leading axis of 2' in message
+  assert "stacks={'layers': 2}" in message
+
+
+@needs_patch
+def test_tie_with_a_stack_count_its_siblings_lack_is_refused():
+  variables = nn.tie(Encoder, LAYERS_TIES)().init(jax.random.key(0),
+                                                  tie_models.X)
+  untied = flax_tieext.untie_variables(variables, LAYERS_TIES,
+                                       stacks={'layers': 2})
+  retied = flax_tieext.tie_variables(untied, LAYERS_TIES, stacks={'layers': 2})
+  jax.tree_util.tree_map(np.testing.assert_array_equal, retied, variables)
+  with pytest.raises(TieError, match="stacks gives /layers 3 layers"):
+    flax_tieext.tie_variables(untied, LAYERS_TIES, stacks={'layers': 3})

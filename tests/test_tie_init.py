@@ -1,0 +1,402 @@
+"""What ``init`` stores: each source once, as its own init gives it, checked.
+
+A tie behaves as one module instance called at two places, so ``init`` stores
+only the source, with the values the source's own init gives whichever use runs
+first (a target that runs first initializes a copy from its source's rng
+streams, checked and dropped when the declaring call returns), and
+``init_with_output`` returns what ``apply`` of those variables returns. Every
+use is checked against the source at init: a target of another shape or dtype
+(directly, through a view, under every transform and in both orders), a tied
+collection the tied modules lack, a method that never runs the source, a source
+outside a stack that only the stack would create. Each refusal is a
+``TieError`` naming both paths.
+
+Most cases run with no transform and under ``nn.remat``,
+``nn.partitioning.remat`` and ``nn.jit`` (``tie_wraps.WRAPS``), against the
+model that shares by hand (one module instance at both places) or the untied
+model where the source runs first.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tie_models
+import tie_wraps
+from tie_blocks import D, X, Block, Pair, TwoWays, encoder
+from tie_models import (Chain, Leaf, Linear, assert_close, assert_message_names,
+                        assert_says_how_to_fix, assert_trees,
+                        assert_trees_close, assert_trees_equal, error, init,
+                        outputs_and_grads)
+
+import flax_tieext
+from flax_tieext import TieError
+
+tie = flax_tieext.linen.tie
+needs_patch = pytest.mark.needs_patch
+installs_patch = pytest.mark.installs_patch
+
+WRAPS = tie_wraps.WRAPS
+ALL_WRAPS = sorted(WRAPS)
+
+
+# ---------------------------------------------------------------------------
+# Init order: every tie initializes as its source does when it runs first.
+# ---------------------------------------------------------------------------
+
+
+class OwnParamChild(nn.Module):
+  """Uses a parameter ``w``; the reference passes the parent's ``w`` in."""
+
+  @nn.compact
+  def __call__(self, x, w=None):
+    if w is None:
+      w = self.param('w', nn.initializers.lecun_normal(), (D, D))
+    return jnp.tanh(x @ w)
+
+
+class OwnParamModel(nn.Module):
+  wrap: str
+  child_first: bool
+  by_hand: bool = False  # the reference: the parent's w passed to the child
+
+  @nn.compact
+  def __call__(self, x):
+    child = WRAPS[self.wrap](OwnParamChild)(name='child')
+    make_w = lambda: self.param('w', nn.initializers.lecun_normal(), (D, D))
+    if self.by_hand:  # w is created first, then passed to the child
+      w = make_w()
+      use_child = lambda h: child(h, w)
+    else:
+      w, use_child = None, child
+    if self.child_first:
+      x = use_child(x)
+    w = make_w() if w is None else w
+    x = jnp.tanh(x @ w)
+    if not self.child_first:
+      x = use_child(x)
+    return x
+
+
+@needs_patch
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
+def test_variable_tie_to_a_param_of_the_declaring_module_target_first(wrap):
+  """{'child/w': 'w'} with the child running first.
+
+  It raised "a write ... cannot land ... declare the tie at the common
+  ancestor" (under nn.jit: "declared inside the jit"): both false, the tie is
+  declared at the root. It works, whichever use runs first, as the reference
+  does.
+  """
+  tied = tie(OwnParamModel, {'child/w': 'w'})
+  source_first = tied(wrap, child_first=False).init(jax.random.key(0), X)
+  variables = tied(wrap, child_first=True).init(jax.random.key(0), X)
+  assert set(variables['params']) == {'w'}, 'the target was stored'
+  ref = OwnParamModel(wrap, child_first=True, by_hand=True)
+  ref_variables = ref.init(jax.random.key(0), X)
+  assert set(ref_variables['params']) == {'w'}
+  # The source initializes w as it does when it runs first.
+  assert_trees_equal(variables, source_first)
+  assert_trees_equal(variables, ref_variables)
+  y, g = outputs_and_grads(tied(wrap, child_first=True), variables, X)
+  ry, rg = outputs_and_grads(ref, variables, X)
+  assert_close(y, ry)
+  assert_trees_close(g, rg)
+
+
+@needs_patch
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
+def test_variable_level_params_tie_init_does_not_depend_on_call_order(wrap):
+  """b1 running before b0 used to store another kernel."""
+  ties = {'block_1/SelfAttention/q/kernel': 'block_0/SelfAttention/q/kernel'}
+  block_cls = WRAPS[wrap](Block)
+  untied = encoder(block_cls)().init(jax.random.key(0), X)['params']
+  # What the tied model must store: the untied model's, where the source ran
+  # first, without the target.
+  expected = jax.tree_util.tree_map(lambda a: a, untied)
+  del expected['block_1']['SelfAttention']['q']['kernel']
+  for order in [(0, 1), (1, 0)]:
+    params = tie(encoder(block_cls, order), ties)().init(
+        jax.random.key(0), X)['params']
+    assert_trees_equal(params, expected)
+
+
+class RandomMask(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable(
+        'graph', 'mask',
+        lambda: jax.random.uniform(self.make_rng('params'), x.shape[-1:]))
+    return nn.Dense(D, name='d')(x * mask.value)
+
+
+@needs_patch
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
+def test_graph_tie_initialized_from_rngs_does_not_depend_on_call_order(wrap):
+  """A graph variable drawn from make_rng('params') depended on call order."""
+  block_cls = WRAPS[wrap](RandomMask)
+
+  def model(order):
+
+    class Model(nn.Module):
+
+      @nn.compact
+      def __call__(self, x):
+        blocks = [block_cls(name=f'block_{i}') for i in range(2)]
+        for i in order:
+          x = blocks[i](x)
+        return x
+
+    return Model
+
+  # The source's value is the one the source module draws when it runs first,
+  # as in the untied model.
+  untied = model((0, 1))().init(jax.random.key(0), X)
+  forward = tie(model((0, 1)), {'block_1': 'block_0'}, collections='graph')(
+  ).init(jax.random.key(0), X)
+  backward = tie(model((1, 0)), {'block_1': 'block_0'}, collections='graph')(
+  ).init(jax.random.key(0), X)
+  assert_trees_equal(forward['graph'], {'block_0': untied['graph']['block_0']})
+  assert_trees_equal(forward['params']['block_0'],
+                     untied['params']['block_0'])
+  assert_trees_equal(backward, forward)
+
+
+@installs_patch
+@pytest.mark.parametrize('target_first', [False, True],
+                         ids=['source_first', 'target_first'])
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_init_with_output_equals_apply(wrap, target_first):
+  """init's output used the target's throw-away parameters."""
+  tied = nn.tie(TwoWays, {'b': 'a'})(target_first, wrap)
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  assert list(variables['params']) == ['a']
+  assert_close(y, tied.apply(variables, X))
+  # The stored values are the untied model's source values.
+  untied = TwoWays(target_first, wrap).init(jax.random.key(0), X)
+  assert_trees(np.testing.assert_array_equal, variables['params']['a'],
+               untied['params']['a'])
+
+
+class DrawnMasked(nn.Module):
+  """A Dense behind a mask of another collection, drawn from 'params'."""
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask', lambda: jax.random.uniform(
+        self.make_rng('params'), (D,)))
+    return nn.Dense(D, name='dense')(x * mask.value)
+
+
+class BranchFirst(nn.Module):
+  kind: str
+
+  @nn.compact
+  def __call__(self, x):
+    a, b = DrawnMasked(name='a'), DrawnMasked(name='b')
+    body = lambda m, h: m(jnp.tanh(m(h)))
+    if self.kind == 'cond':
+      x = nn.cond(False, body, body, b, x)
+    else:
+      x = nn.switch(2, [body, body, body], b, x)
+    return a(x)
+
+
+@installs_patch
+@pytest.mark.parametrize('kind', ['cond', 'switch'])
+def test_target_in_a_branch_before_its_source_draws_the_source_values(kind):
+  """Every branch but the first drew its copy from an advanced counter."""
+  tied = nn.tie(BranchFirst, {'b': 'a'}, collections=['params', 'graph'])(kind)
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  assert_close(y, tied.apply(variables, X))
+
+
+# ---------------------------------------------------------------------------
+# Shape and dtype: a use that does not fit its source is refused.
+# ---------------------------------------------------------------------------
+
+
+@needs_patch
+def test_shape_mismatch_names_both_paths():
+  class Unequal(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return Linear(4, name='wide')(x), Linear(5, name='wider')(x)
+
+  with pytest.raises(TieError) as info:
+    init(nn.tie(Unequal, {'wider': 'wide'}))
+  message = str(info.value)
+  assert '/wider' in message and '/wide' in message
+  assert 'shape' in message.lower()
+
+
+class Unequal(nn.Module):
+  wrap: str
+  target_first: bool
+
+  @nn.compact
+  def __call__(self, x):
+    cls = WRAPS[self.wrap](nn.Dense)
+    wide, wider = cls(4, name='wide'), cls(5, name='wider')
+    if self.target_first:
+      return wider(x), wide(x)
+    return wide(x), wider(x)
+
+
+@needs_patch
+@pytest.mark.parametrize('target_first', [False, True],
+                         ids=['source_first', 'target_first'])
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
+def test_shape_mismatch_is_a_tie_error_under_every_transform_and_order(
+    wrap, target_first):
+  """Under remat, or target first, it was a bare ScopeParamShapeError."""
+  model = tie(Unequal, {'wider': 'wide'})(wrap, target_first)
+  with pytest.raises(TieError, match='shape') as info:
+    model.init(jax.random.key(0), X)
+  message = str(info.value)
+  assert_message_names(message, '/wider', '/wide', "'params'")
+  # The two shapes of one tied variable: the kernels or the biases.
+  assert (f'({D}, 4)' in message and f'({D}, 5)' in message
+          or '(4,)' in message and '(5,)' in message), message
+
+
+@needs_patch
+@pytest.mark.parametrize('remat', [False, True], ids=['plain', 'remat'])
+def test_a_target_of_another_dtype_is_refused(remat):
+  leaf = nn.remat(Leaf) if remat else Leaf
+  classes = (('c', lambda name: leaf(param_dtype=jnp.bfloat16, name=name)),)
+  if remat:
+    classes += (('a', nn.remat(Leaf)),)
+  message = error(nn.tie(Chain, {'c': 'a'})(classes=classes))
+  assert 'Shape or dtype mismatch in the tie /c/d/kernel -> /a/d/kernel' in message
+  assert '(3, 3):float32, but /c/d/kernel has (3, 3):bfloat16' in message
+
+
+@needs_patch
+def test_a_view_that_changes_the_dtype_is_refused():
+  to_bf16 = lambda k: k.astype(jnp.bfloat16)
+  message = error(nn.tie(Chain, {'c/d/kernel': ('a/d/kernel', to_bf16)})())
+  assert 'Shape or dtype mismatch' in message
+  assert 'the source /a/d/kernel has (3, 3):bfloat16' in message
+  assert '/c/d/kernel has (3, 3):float32' in message
+
+
+@needs_patch
+def test_a_model_cast_for_inference_still_applies():
+  # At apply, as in Flax, dtypes are the caller's.
+  model = nn.tie(Chain, {'b': 'a', 'c': 'a'})()
+  variables = model.init(jax.random.key(0), tie_models.X)
+  cast = jax.tree_util.tree_map(lambda v: v.astype(jnp.bfloat16), variables)
+  untied = {'params': {n: cast['params']['a'] for n in 'abc'}}
+  np.testing.assert_allclose(model.apply(cast, tie_models.X),
+                             Chain().apply(untied, tie_models.X))
+
+
+# ---------------------------------------------------------------------------
+# Collections: a tie of a collection the tied modules lack.
+# ---------------------------------------------------------------------------
+
+
+class Masked(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask', jnp.ones, x.shape[-1])
+    return nn.Dense(D, name='d')(x * mask.value)
+
+
+class Plain(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(D, name='d')(x)
+
+
+def two_blocks(block_cls, other_cls=None):
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      if other_cls is not None:
+        x = other_cls(name='other')(x)
+      return block_cls(name='block_1')(block_cls(name='block_0')(x))
+
+  return Model
+
+
+# (collection tied, block, module elsewhere, a name the message must offer)
+MISSING_COLLECTIONS = {
+    # A typo: the model has 'graph'.
+    'typo': ('grpah', Masked, None, "'graph'"),
+    # No module of the model has the collection.
+    'absent': ('batch_stats', Plain, None, None),
+    # The model has 'graph' elsewhere, but neither tied module holds any: the
+    # tie ties nothing at all, which is as silent a mistake as a typo.
+    'not_in_tied_modules': ('graph', Plain, Masked, None),
+}
+
+
+@needs_patch
+@pytest.mark.parametrize('case', sorted(MISSING_COLLECTIONS))
+@pytest.mark.parametrize('wrap', ALL_WRAPS)
+def test_tie_of_a_collection_the_tied_modules_lack_raises_at_init(wrap, case):
+  """It used to store the target untied; only a later apply raised."""
+  col, block, other, nearest = MISSING_COLLECTIONS[case]
+  model = tie(two_blocks(WRAPS[wrap](block), other),
+              {'block_1': 'block_0'}, collections=col)
+  with pytest.raises(TieError, match=re.escape(repr(col))) as info:
+    model().init(jax.random.key(0), X)
+  message = str(info.value)
+  assert_message_names(message, '/block_1', '/block_0')
+  if nearest:
+    assert_message_names(message, nearest)
+  assert_says_how_to_fix(message)
+
+
+# ---------------------------------------------------------------------------
+# A source that init would never create.
+# ---------------------------------------------------------------------------
+
+
+@installs_patch
+def test_init_whose_method_never_runs_the_source_says_so():
+  tied = nn.tie(Pair, {'b': 'a'})()
+  with pytest.raises(TieError) as info:
+    tied.init(jax.random.key(0), X, method=lambda m, x: m.b(x))
+  message = str(info.value)
+  assert '/a' in message and 'also runs the source' in message
+
+
+class ScanLayer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, _):
+    return Linear(name='leaf')(x), None
+
+
+@needs_patch
+def test_target_in_scan_cannot_initialize_a_source_outside_it():
+  """Broadcast is read-only: the source must exist before the stack runs."""
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      stack = nn.scan(ScanLayer, variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=2)
+      x, _ = stack(name='stack')(x, None)
+      return Linear(name='src')(x)  # the source runs after the stack
+
+  with pytest.raises(TieError) as info:
+    init(nn.tie(Model, {'stack/leaf': 'src'}))
+  message = str(info.value)
+  assert 'cannot land' in message and 'scan' in message
+  assert '/stack/leaf' in message and '/src' in message
+  assert 'read-only (broadcast)' in message

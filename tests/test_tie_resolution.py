@@ -1,0 +1,437 @@
+"""What a set of ties means, and where it holds: resolution.
+
+Wherever ties are declared (one mapping, stacked ``nn.tie``s, a root and a
+submodule's class), they mean what their normal form says
+(``tie_spec.compose``): chains collapse to their final source, a cycle is a
+``TieError`` naming it, a target with two sources is a ``TieError`` naming the
+target and both sources, and the order of keys or declarations never matters
+(issue 24). Each such model is checked against the untied model whose layers
+hold, by hand, the one variable each reads
+(``tie_models.assert_like_hand_shared``).
+
+A tie is state of the tied module's scope, so a target is its source wherever
+Flax reaches it (issue 16): ``bind`` and direct submodule calls,
+``apply(method=...)``, submodules passed as attributes, Flax's own views of a
+scope (``Module.variables``), a class that ties itself to a source outside it,
+and a read-only view (a language-model head tied to the transposed embedding,
+against Flax's own ``nn.Embed.attend``). The references are one module
+instance used at both places, as a Flax user shares by hand.
+
+Tests marked ``installs_patch`` keep their ``[opted-out]`` copy: a user with
+``FLAX_TIEEXT_AUTOPATCH=0`` calls ``flax_tieext.install()`` to use ties, and so
+does the fixture (tests/conftest.py).
+"""
+
+import functools
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tie_models
+import tie_wraps
+from tie_blocks import D, HEAD_TIE, LM, X, Attn, Pair, SeesKernel
+from tie_models import (Blocks, Chain, Leaf, Linear, assert_close,
+                        assert_like_hand_shared, assert_trees, error, init)
+
+import flax_tieext  # noqa: F401
+from flax_tieext import TieError
+from flax_tieext.core import tie_spec
+
+needs_patch = pytest.mark.needs_patch
+installs_patch = pytest.mark.installs_patch
+
+WRAPS = tie_wraps.WRAPS
+
+ALL_READ_A = {'a/d': 'a/d', 'b/d': 'a/d', 'c/d': 'a/d'}
+
+
+def stacked(*mappings, cls=Chain):
+  for mapping in mappings:
+    cls = nn.tie(cls, mapping)
+  return cls
+
+
+# ---------------------------------------------------------------------------
+# Chains collapse to their final source, across declarations.
+# ---------------------------------------------------------------------------
+
+
+@needs_patch
+@pytest.mark.parametrize('order', ['c_then_b', 'b_then_c'])
+def test_a_chain_over_stacked_declarations_collapses(order):
+  ties = [{'c': 'b'}, {'b': 'a'}]
+  model = stacked(*(ties if order == 'c_then_b' else ties[::-1]))()
+  assert_like_hand_shared(model, ALL_READ_A)
+
+
+@needs_patch
+def test_a_chain_over_stacked_declarations_is_the_one_mapping():
+  one = nn.tie(Chain, {'c': 'b', 'b': 'a'})()
+  two = stacked({'c': 'b'}, {'b': 'a'})()
+  v_one = one.init(jax.random.key(0), tie_models.X)
+  v_two = two.init(jax.random.key(0), tie_models.X)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, v_one, v_two)
+  np.testing.assert_allclose(two.apply(v_two, tie_models.X),
+                             one.apply(v_one, tie_models.X))
+
+
+@needs_patch
+def test_a_chain_through_a_submodule_class_collapses():
+  # The root ties b to a; the class of c ties its d to b's d, which is a's.
+  c_class = nn.tie(Leaf, {'d': '../b/d'})
+  model = nn.tie(Chain, {'b': 'a'})(classes=(('c', c_class),))
+  assert_like_hand_shared(model, ALL_READ_A)
+
+
+@needs_patch
+def test_chain_resolves_to_its_end():
+  class Three(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      for name in 'abc':
+        x = Linear(name=name)(x)
+      return x
+
+  variables = init(nn.tie(Three, {'a': 'b', 'b': 'c'}))
+  assert set(variables['params']) == {'c'}
+
+
+def chained_model(remat_inner, remat_leaves):
+  leaf_cls = nn.remat(Attn) if remat_leaves else Attn
+
+  class Inner(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return leaf_cls(name='leaf')(leaf_cls(name='src')(x))
+
+  class Outer(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x = Attn(name='src')(x)
+      inner = nn.tie(Inner, {'leaf': 'src'})  # declared at /inner
+      return (nn.remat(inner) if remat_inner else inner)(name='inner')(x)
+
+  return nn.tie(Outer, {'inner/src': 'src'})
+
+
+@needs_patch
+@pytest.mark.parametrize('remat_leaves', [False, True])
+@pytest.mark.parametrize('remat_inner', [False, True])
+def test_chain_across_declarations_stores_one_copy(remat_inner, remat_leaves):
+  x = jax.random.normal(jax.random.key(1), (2, D))
+  model = chained_model(remat_inner, remat_leaves)()
+  params = model.init(jax.random.key(0), x)['params']
+  assert set(params) == {'src'}  # /inner/src and /inner/leaf are not stored
+
+  def reference(p):  # one Attn called three times
+    attn = lambda h: Attn().apply({'params': p['src']}, h)
+    return attn(attn(attn(x)))
+
+  loss = lambda p: jnp.sum(model.apply({'params': p}, x) ** 2)
+  y, g = jax.value_and_grad(loss)(params)
+  ry, rg = jax.value_and_grad(lambda p: jnp.sum(reference(p) ** 2))(params)
+  assert_close(y, ry)
+  jax.tree_util.tree_map(assert_close, g, rg)
+
+
+# ---------------------------------------------------------------------------
+# Cycles and two sources, whatever the order.
+# ---------------------------------------------------------------------------
+
+
+@needs_patch
+def test_cycle_is_refused_at_declaration():
+  with pytest.raises(TieError) as info:
+    init(nn.tie(Blocks, {'block_0': 'block_1', 'block_1': 'block_0'}))
+  message = str(info.value)
+  assert 'cycle' in message
+  assert '/block_0 -> /block_1 -> /block_0' in message
+
+
+@needs_patch
+@pytest.mark.parametrize('ties', [
+    [{'a': 'b'}, {'b': 'a'}],
+    [{'b': 'a'}, {'a': 'b'}],
+])
+def test_a_cycle_over_stacked_declarations_is_named(ties):
+  message = error(stacked(*ties)())
+  assert 'form a cycle' in message
+  assert '/a -> /b -> /a' in message
+
+
+@needs_patch
+@pytest.mark.parametrize('ties', [
+    [{'c': 'a'}, {'c': 'b'}],
+    [{'c': 'b'}, {'c': 'a'}],
+])
+def test_one_target_with_two_sources_names_target_and_both(ties):
+  message = error(stacked(*ties)())
+  assert message.startswith('/c is given two sources: /a (')
+  assert ') and /b (' in message
+
+
+@installs_patch
+def test_two_spellings_of_one_target_with_two_sources_are_refused():
+  class Three(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(D, name='c')(nn.Dense(D, name='b')(
+          nn.Dense(D, name='a')(x)))
+
+  with pytest.raises(TieError) as info:
+    nn.tie(Three, {'c': 'a', './c': 'b'})().init(jax.random.key(0), X)
+  message = str(info.value)
+  assert "'c'" in message and "'./c'" in message and '/c' in message
+
+
+OVERLAP = {'b/d': 'a/d', 'b': 'c'}
+
+
+@needs_patch
+@pytest.mark.parametrize('keys', list(itertools.permutations(OVERLAP)))
+def test_overlapping_module_and_child_ties_mean_one_thing_in_any_order(keys):
+  one_mapping = error(nn.tie(Chain, {k: OVERLAP[k] for k in keys})())
+  two_declarations = error(stacked(*({k: OVERLAP[k]} for k in keys))())
+  # b/d would come from a/d by its own tie, and from c/d through b -> c.
+  for message in (one_mapping, two_declarations):
+    assert message.startswith('/b/d is given two sources: /a/d (')
+    assert '/c/d (through the tie /b -> /c' in message
+  assert one_mapping == error(nn.tie(Chain, OVERLAP)())
+
+
+@needs_patch
+def test_a_child_tie_that_agrees_with_its_module_tie_is_redundant():
+  model = nn.tie(Chain, {'b': 'c', 'b/d': 'c/d'})()
+  assert_like_hand_shared(model, {'a/d': 'a/d', 'b/d': 'c/d', 'c/d': 'c/d'})
+
+
+MODULE_TO_TIED_CHILD = {'b/d': 'a/d', 'c': 'b'}
+
+
+@needs_patch
+@pytest.mark.parametrize('keys',
+                         list(itertools.permutations(MODULE_TO_TIED_CHILD)))
+def test_a_module_tied_to_a_module_whose_child_is_tied(keys):
+  # c is b, and b's d is a's d: so c's d is a's d too.
+  mapping = {k: MODULE_TO_TIED_CHILD[k] for k in keys}
+  assert_like_hand_shared(nn.tie(Chain, mapping)(), ALL_READ_A)
+  assert_like_hand_shared(stacked(*({k: v} for k, v in mapping.items()))(),
+                          ALL_READ_A)
+
+
+@needs_patch
+def test_a_module_tied_to_a_module_whose_variable_is_tied():
+  # c/d is b/d, whose kernel is a's: c/d's kernel is a's, its bias b's.
+  model = nn.tie(Chain, {'b/d/kernel': 'a/d/kernel', 'c/d': 'b/d'})()
+  assert_like_hand_shared(model, {
+      'a/d/kernel': 'a/d/kernel', 'a/d/bias': 'a/d/bias',
+      'b/d/kernel': 'a/d/kernel', 'b/d/bias': 'b/d/bias',
+      'c/d/kernel': 'a/d/kernel', 'c/d/bias': 'b/d/bias'})
+
+
+@needs_patch
+def test_the_normal_form_does_not_depend_on_key_order():
+  ties = {'c': 'b', 'b/d': 'a/d', 'e': 'c', 'f/d': 'e/d'}
+  forms = {tie_spec.normalize(dict(p), 'params', ())
+           for p in itertools.permutations(ties.items())}
+  assert len(forms) == 1
+  (form,) = forms
+  assert {t.target: t.source for t in form} == {
+      ('b', 'd'): ('a', 'd'), ('c',): ('b',), ('c', 'd'): ('a', 'd'),
+      ('e',): ('b',), ('e', 'd'): ('a', 'd'), ('f', 'd'): ('a', 'd')}
+
+
+@needs_patch
+def test_collections_may_be_any_flax_filter():
+  deny = nn.DenyList(['graph', 'cache'])  # a filter holding a list
+  variables = init(nn.tie(Blocks, {'block_1': 'block_0'}, collections=deny))
+  assert set(variables['params']) == {'block_0'}
+
+
+# ---------------------------------------------------------------------------
+# One module at two places, wherever Flax reaches the target.
+# ---------------------------------------------------------------------------
+
+
+def pair_variables(wrap):
+  return Pair(wrap, shared=True).init(jax.random.key(0), X)
+
+
+@installs_patch
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_bind_then_direct_submodule_call_is_the_shared_module(wrap):
+  """It raised Flax's ScopeParamNotFoundError for the target."""
+  tied = nn.tie(Pair, {'b': 'a'})(wrap)
+  variables = tied.init(jax.random.key(0), X)
+  assert list(variables['params']) == ['a']
+  assert_close(tied.bind(variables).b(X), Pair(wrap, True).bind(variables).b(X))
+
+
+@installs_patch
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_apply_with_any_method_is_the_shared_module(wrap):
+  tied = nn.tie(Pair, {'b': 'a'})(wrap)
+  variables = pair_variables(wrap)
+  method = lambda m, x: m.b(x)
+  assert_close(tied.apply(variables, X, method=method),
+        Pair(wrap, True).apply(variables, X, method=method))
+
+  def loss(model, params):
+    return jnp.sum(model.apply({'params': params}, X, method=method) ** 2)
+
+  assert_trees(assert_close, jax.grad(functools.partial(loss, tied))(
+      variables['params']), jax.grad(functools.partial(
+          loss, Pair(wrap, True)))(variables['params']))
+
+
+class WithAttributes(nn.Module):
+  a: nn.Module
+  b: nn.Module
+
+  def __call__(self, x):
+    return self.b(jnp.tanh(self.a(x)))
+
+
+@installs_patch
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_submodules_passed_as_attributes(wrap):
+  """They initialized right (the source only), then failed at apply."""
+  dense = WRAPS[wrap](nn.Dense)
+  tied = nn.tie(WithAttributes, {'b': 'a'})(a=dense(D), b=dense(D))
+  one = dense(D)
+  ref = WithAttributes(a=one, b=one)
+  variables = tied.init(jax.random.key(0), X)
+  assert list(variables['params']) == ['a']
+  assert_trees(np.testing.assert_array_equal, variables,
+               ref.init(jax.random.key(0), X))
+  assert_close(tied.apply(variables, X), ref.apply(variables, X))
+
+
+class Reader(nn.Module):
+  """Reads its own variables through ``self.variables`` after using them."""
+
+  def setup(self):
+    self.dense = nn.Dense(D)
+
+  def __call__(self, x):
+    y = self.dense(x)
+    return y, self.variables['params']['dense']['kernel']
+
+
+class ReadsVariables(nn.Module):
+  wrap: str = 'none'
+  shared: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    reader = WRAPS[self.wrap](Reader)
+    a = reader(name='a')
+    b = a if self.shared else reader(name='b')
+    x, _ = a(x)
+    return b(x)
+
+
+@installs_patch
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_target_sees_its_variables_as_the_shared_module(wrap):
+  """self.variables was {} in a target (KeyError under nn.remat)."""
+  tied = nn.tie(ReadsVariables, {'b': 'a'})(wrap)
+  ref = ReadsVariables(wrap, shared=True)
+  variables = ref.init(jax.random.key(0), X)
+  (y, kernel), (ry, rkernel) = tied.apply(variables, X), ref.apply(variables, X)
+  assert_close(y, ry)
+  np.testing.assert_array_equal(kernel, rkernel)
+
+
+@installs_patch
+def test_scope_views_agree_with_membership():
+  """Module.variables, has_variable and iteration see the tied storage."""
+
+  class Views(nn.Module):
+    shared: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      a = nn.Dense(D, name='a')
+      b = a if self.shared else nn.Dense(D, name='b')
+      b(a(x))
+      return (jax.tree_util.tree_map(jnp.shape, b.variables),
+              b.has_variable('params', 'kernel'),
+              sorted(b.variables['params']), len(b.variables['params']))
+
+  tied = nn.tie(Views, {'b': 'a'})()
+  variables = Views(True).init(jax.random.key(0), X)
+  assert tied.apply(variables, X) == Views(True).apply(variables, X)
+
+
+@installs_patch
+def test_variables_of_a_variable_target_hold_the_tied_variable():
+  """b.variables showed only b's bias under {'b/kernel': 'a/kernel'}."""
+  tied = nn.tie(SeesKernel, {'b/kernel': 'a/kernel'})()
+  variables = tied.init(jax.random.key(0), X)
+  _, seen = tied.apply(variables, X)
+  _, expected = SeesKernel().apply(
+      SeesKernel().init(jax.random.key(0), X), X)
+  assert seen == expected
+
+
+class Inner(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(D, name='dense')(x)
+
+
+class OwnTie(nn.Module):
+  """A submodule that declares itself the target of a tie to ``/src``."""
+
+  wrap: str = 'none'
+  shared: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    src = Inner(name='src')
+    x = src(x)
+    if self.shared:
+      return src(x)
+    return WRAPS[self.wrap](nn.tie(Inner, {'.': '/src'}))(name='t')(x)
+
+
+@installs_patch
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_a_module_tied_to_a_source_outside_it(wrap):
+  """Under nn.remat the target was stored at init, then refused at apply."""
+  tied = OwnTie(wrap)
+  variables = tied.init(jax.random.key(0), X)
+  assert list(variables['params']) == ['src']
+  assert_close(tied.apply(variables, X),
+               OwnTie(wrap, shared=True).apply(variables, X))
+
+
+# ---------------------------------------------------------------------------
+# A read-only view: the head tied to the transposed embedding.
+# ---------------------------------------------------------------------------
+
+
+@needs_patch
+@pytest.mark.parametrize('remat_head', [False, True])
+def test_transposed_view_matches_embed_attend(remat_head):
+  tokens = jnp.array([[1, 2, 3], [4, 5, 10]])
+  tied = nn.tie(LM, HEAD_TIE)(remat_head=remat_head)
+  params = tied.init(jax.random.key(0), tokens)['params']
+  assert set(params) == {'embed', 'mid'}
+  loss = lambda m, p: jnp.sum(jnp.sin(m.apply({'params': p}, tokens)))
+  y, g = jax.value_and_grad(functools.partial(loss, tied))(params)
+  ry, rg = jax.value_and_grad(functools.partial(loss, LM(attend=True)))(
+      params)
+  np.testing.assert_allclose(y, ry, rtol=1e-5)
+  jax.tree_util.tree_map(
+      functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6),
+      g, rg)
