@@ -22,11 +22,17 @@ with the same ties that ``nn.tie`` / ``lift.tie`` take.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+from jax.sharding import SingleDeviceSharding
 import numpy as np
 
 from flax.core.scope import CollectionFilter
@@ -34,6 +40,7 @@ from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 
 _ABSENT = object()
+_MERGES = ('first', 'mean')
 
 
 def tie_variables(
@@ -41,6 +48,7 @@ def tie_variables(
     ties: Mapping[str, Any],
     collections: CollectionFilter = 'params',
     stacks: Mapping[str, int] | None = None,
+    merge: str | Callable[[Any, list[Any]], Any] | None = None,
 ) -> dict[str, Any]:
   """Turns an untied variable tree into the layout a tied model stores.
 
@@ -49,6 +57,22 @@ def tie_variables(
   its source in every layer. A collection in which neither path of a tie
   holds anything is left alone. Paths are relative to the root module.
 
+  A checkpoint trained untied has copies that differ. They are refused unless
+  ``merge`` says what the source becomes: ``'first'`` keeps the source's
+  values, ``'mean'`` stores the mean of the source and every copy (each layer
+  of a stack is one copy), and a function ``merge(source, copies)`` returns
+  the new source from the source's array and the list of copies, each shaped
+  like the source (traced under ``jax.jit``). Only the leaves whose copies
+  differ are merged. ``'mean'`` and a function need the copies in the
+  source's layout: a viewed tie whose copies differ is refused, as the view
+  is not inverted.
+
+  The arrays stay where they are: values are compared by jitted reductions
+  whose scalar result is replicated, a merged source keeps the source's
+  sharding, and nothing is gathered to the host, so arrays sharded over the
+  processes of a ``jax.distributed`` job convert in place (every process
+  calls ``tie_variables`` with its part of the same global arrays).
+
   Example::
 
     >>> import jax.numpy as jnp
@@ -56,6 +80,9 @@ def tie_variables(
     >>> untied = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}}}
     >>> tie_variables(untied, {'b': 'a'})
     {'params': {'a': {'w': Array([1., 1.], dtype=float32)}}}
+    >>> trained = {'params': {'a': {'w': jnp.zeros(2)}, 'b': {'w': jnp.ones(2)}}}
+    >>> tie_variables(trained, {'b': 'a'}, merge='mean')
+    {'params': {'a': {'w': Array([0.5, 0.5], dtype=float32)}}}
 
   Args:
     variables: a variable dict, e.g. restored from a checkpoint of the untied
@@ -66,15 +93,22 @@ def tie_variables(
       modules with their variables along axis 0) mapped to their number of
       layers, e.g. ``{'encoder/layers': 12}``. A target inside a stack whose
       source is outside it has one copy of the source per layer.
+    merge: what a source becomes when its copies differ: None (refuse),
+      ``'first'``, ``'mean'`` or a function ``(source, copies) -> source``.
 
   Returns:
     A new variable dict without the targets.
 
   Raises:
-    TieError: if a target is present but its source is not, or a target
-      differs from its source (shape, dtype, partitioning names or value, in
-      any layer of a stack): tying would silently drop the target's values.
+    TieError: if a target is present but its source is not, a target differs
+      from its source in shape, dtype or partitioning names, or in value (in
+      any layer of a stack) while ``merge`` is None: tying would silently
+      drop the target's values. Also if ``merge`` is ``'mean'`` or a function
+      and the copies that differ are viewed, or a function returns another
+      shape or dtype than the source's.
   """
+  if merge is not None and not callable(merge) and merge not in _MERGES:
+    raise tie_errors.bad_merge(merge, _MERGES)
   out = _unfreeze(variables)
   # Every target is checked in the tree as given, then removed (a target may
   # lie inside the source of another).
@@ -83,7 +117,8 @@ def tie_variables(
                out, ties, collections, 'tie', stacks)]
   for tie, col, target, expected, stack in found:
     if target is not None:
-      _check_equal(tie, col, target, expected, stack)
+      _check_like(tie, col, target, expected, stack)
+  out = _merge_copies(out, found, merge)
   for tie, col, target, _, _ in found:
     if target is not None:
       out[col] = _with_path(out[col], tie.target, _ABSENT)
@@ -103,6 +138,11 @@ def untie_variables(
   one copy of the source per layer. Partitioning metadata (``nn.Partitioned``,
   logical axes) is kept; a view moves the axis names with the axes (a
   transposed view swaps them), and a stack's axis gets no name.
+
+  A copy lives where its source does: a plain tie shares the source's array,
+  a view is computed on the source's devices (its sharding follows the view,
+  as jit propagates it), and a stack's copies are sharded as the source with
+  the new layer axis unsharded.
 
   Example::
 
@@ -223,32 +263,59 @@ def _refuse_unnamed_stack(tree, tie, col):
 
 
 def _stacked(x, layers):
-  """``x`` repeated along a new leading axis of ``layers`` (boxes too)."""
+  """``x`` repeated along a new leading axis of ``layers`` (boxes too).
+
+  A ``jax.Array`` is broadcast on its devices; a ``NamedSharding`` gains an
+  unsharded leading axis.
+  """
   if tie_spec.is_box(x):
     names = getattr(x, 'names', None)
     stacked = x.replace_boxed(_stacked(x.unbox(), layers))
     return stacked if names is None else stacked.replace(
         names=(None, *names))
   if isinstance(x, jax.Array):
-    return jnp.broadcast_to(x, (layers, *x.shape))
+    sharding = x.sharding
+    if isinstance(sharding, NamedSharding):
+      sharding = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec),
+                               memory_kind=sharding.memory_kind)
+    else:
+      sharding = None  # one device: jit keeps it there
+    return _broadcast(layers, sharding)(x)
   return np.broadcast_to(np.asarray(x), (layers, *np.shape(x))).copy()
 
 
-def _check_equal(tie, col: str, target, expected, stack=None):
-  """Raises unless a stored target equals what its source gives it.
+@functools.lru_cache(maxsize=64)
+def _broadcast(layers: int, sharding):
+  return jax.jit(lambda x: jnp.broadcast_to(x, (layers, *x.shape)),
+                 out_shardings=sharding)
 
-  Inside a stack (``(path, layers)``), every layer of the target must.
+
+def _shape_dtype(x):
+  """Shape and dtype of a leaf, read from its metadata (never its values)."""
+  dtype = x.dtype if hasattr(x, 'dtype') else np.result_type(x)
+  return tuple(np.shape(x)), np.dtype(dtype)
+
+
+def _leaf_pairs(target, expected):
+  """``[(path, target leaf, expected leaf)]`` of two trees of one structure."""
+  flat = jax.tree_util.tree_flatten_with_path(target, is_leaf=tie_spec.is_box)[0]
+  ys = jax.tree_util.tree_leaves(expected, is_leaf=tie_spec.is_box)
+  # In the order of the leaves (sorted keys), not of the dicts' insertion.
+  return [(tuple(k.key for k in path), x, y) for (path, x), y in zip(flat, ys)]
+
+
+def _check_like(tie, col: str, target, expected, stack=None):
+  """Raises unless a stored target is shaped as what its source gives it.
+
+  The same variables, partitioning names, shapes and dtypes; inside a stack
+  (``(path, layers)``), with one more leading axis of ``layers``.
   """
-  (xs, x_def), (ys, y_def) = (
-      jax.tree_util.tree_flatten(target, is_leaf=tie_spec.is_box),
-      jax.tree_util.tree_flatten(expected, is_leaf=tie_spec.is_box))
+  x_def = jax.tree_util.tree_structure(target, is_leaf=tie_spec.is_box)
+  y_def = jax.tree_util.tree_structure(expected, is_leaf=tie_spec.is_box)
   if x_def != y_def:
     raise tie_errors.not_equal(tie, col, f'they hold different variables'
                                f' ({x_def} vs {y_def}).')
-  # In the order of xs (sorted keys), not of the dicts' insertion.
-  paths = [tuple(k.key for k in p) for p, _ in
-           jax.tree_util.tree_flatten_with_path(target, is_leaf=tie_spec.is_box)[0]]
-  for path, x, y in zip(paths, xs, ys):
+  for path, x, y in _leaf_pairs(target, expected):
     leaf = tie_errors.text(tie.target + path)
     x_names, y_names = getattr(x, 'names', None), getattr(y, 'names', None)
     if stack is not None and x_names is not None:
@@ -256,32 +323,179 @@ def _check_equal(tie, col: str, target, expected, stack=None):
     if x_names != y_names:
       raise tie_errors.not_equal(tie, col, f'the partitioning names of {leaf}'
                                  f' differ ({x_names} vs {y_names}).')
-    x, y = np.asarray(tie_spec.unbox(x)), np.asarray(tie_spec.unbox(y))
-    layers = [x] if stack is None else list(x) if x.ndim and (
-        x.shape[0] == stack[1]) else None
-    if layers is None or any(l.shape != y.shape or l.dtype != y.dtype
-                             for l in layers):
+    (x_shape, x_dtype), (y_shape, y_dtype) = (
+        _shape_dtype(tie_spec.unbox(x)), _shape_dtype(tie_spec.unbox(y)))
+    wanted = y_shape if stack is None else (stack[1], *y_shape)
+    if x_shape != wanted or x_dtype != y_dtype:
       hint = ''
-      if stack is None and x.ndim and x.shape[1:] == y.shape:
-        hint = (f' {leaf} has one more leading axis ({x.shape[0]}) than its'
+      if stack is None and x_shape and x_shape[1:] == y_shape:
+        hint = (f' {leaf} has one more leading axis ({x_shape[0]}) than its'
                 ' source, as in a stack of layers: name the stack, e.g.'
-                f' stacks={{{tie.target[0]!r}: {x.shape[0]}}}.')
+                f' stacks={{{tie.target[0]!r}: {x_shape[0]}}}.')
       elif stack is not None:
         hint = (f' {leaf} lies in the stack {tie_errors.text(stack[0])} of'
-                f' {stack[1]} layers (axis 0), so it needs shape'
-                f' {(stack[1], *y.shape)}.')
+                f' {stack[1]} layers (axis 0), so it needs shape {wanted}.')
       raise tie_errors.not_equal(
           tie, col, f'shape or dtype of {leaf} differ'
-          f' ({x.shape}:{x.dtype} vs {y.shape}:{y.dtype}).' + hint)
-    for i, layer in enumerate(layers):
-      if not np.array_equal(layer, y):
-        where = '' if stack is None else (
-            f' in layer {i} (axis 0) of the stack {tie_errors.text(stack[0])}')
-        raise tie_errors.not_equal(
-            tie, col, f'{leaf} differs from its source{where} (max abs'
-            f' difference {float(np.max(np.abs(layer - y)))}). Tying would'
-            " silently drop the target's values; untie the model or make"
-            ' them equal first.')
+          f' ({x_shape}:{x_dtype} vs {y_shape}:{y_dtype}).' + hint)
+
+
+@dataclasses.dataclass
+class _Copy:
+  """A stored target leaf and what its source gives it."""
+
+  tie: tie_spec.Tie
+  col: str
+  path: tuple[str, ...]  # below tie.target (and tie.source)
+  target: Any
+  expected: Any
+  stack: tuple[tuple[str, ...], int] | None
+
+  @property
+  def source_key(self) -> tuple[str, tuple[str, ...]]:
+    """``(collection, path of the source leaf)``."""
+    return self.col, self.tie.source + self.path
+
+
+def _copies(found) -> list[_Copy]:
+  """Every stored target leaf, as a copy of its final source's leaf.
+
+  A leaf inside two targets (a tie inside the target of another) is the copy
+  of the tie whose target is deeper: its source is the final one.
+  """
+  targets = {(col, tie.target) for tie, col, target, _, _ in found
+             if target is not None}
+  copies = []
+  for tie, col, target, expected, stack in found:
+    if target is None:
+      continue
+    for path, x, y in _leaf_pairs(target, expected):
+      full = tie.target + path
+      if not any((col, full[:n]) in targets
+                 for n in range(len(tie.target) + 1, len(full) + 1)):
+        copies.append(_Copy(tie, col, path, x, y, stack))
+  return copies
+
+
+def _merge_copies(out, found, merge) -> dict[str, Any]:
+  """``out`` with each source whose copies differ merged as ``merge`` says.
+
+  With ``merge=None``, the first copy that differs is a TieError.
+  """
+  if merge == 'first':
+    return out  # the source's values, whatever its copies hold
+  copies = _copies(found)
+  by_source = {}
+  for copy in copies:
+    by_source.setdefault(copy.source_key, []).append(copy)
+  differ = {}
+  for copy in copies:
+    same, gap = _compare(tie_spec.unbox(copy.target),
+                         tie_spec.unbox(copy.expected), copy.stack is not None)
+    if same.all():
+      continue
+    if merge is None:
+      layer = None if copy.stack is None else int(np.argmin(same))
+      raise tie_errors.copies_differ(
+          copy.tie, copy.col, copy.tie.target + copy.path,
+          copy.source_key[1], float(gap if layer is None else gap[layer]),
+          layer, copy.stack, _viewed(by_source[copy.source_key]))
+    differ.setdefault(copy.source_key, copy)
+  for (col, source), copy in differ.items():
+    viewed = _viewed(by_source[col, source])
+    if viewed is not None:
+      raise tie_errors.merge_through_view(
+          viewed, col, copy.tie.target + copy.path, source, _name(merge))
+    leaf = tie_spec.walk(out[col], source)
+    value = _merged(merge, col, source, tie_spec.unbox(leaf), [
+        (tie_spec.unbox(c.target), c.stack is not None)
+        for c in by_source[col, source]])
+    out[col] = _with_path(out[col], source, leaf.replace_boxed(value)
+                          if tie_spec.is_box(leaf) else value)
+  return out
+
+
+def _viewed(copies):
+  """The first viewed tie among ``copies``, or None."""
+  return next((c.tie for c in copies if c.tie.view is not None), None)
+
+
+def _name(merge) -> str:
+  return repr(merge) if isinstance(merge, str) else getattr(
+      merge, '__name__', repr(merge))
+
+
+def _compare(x, y, stacked: bool):
+  """``(equal, max abs difference)`` of ``x`` and ``y``, per layer if stacked.
+
+  A jitted reduction on the arrays' devices whose small result is replicated,
+  so every process of a job reads the same answer from its own devices.
+  """
+  sharding = next((a.sharding for a in (x, y) if isinstance(a, jax.Array)),
+                  None)
+  same, gap = _comparison(stacked, _replicated(sharding))(x, y)
+  return _read(same), _read(gap)
+
+
+@functools.lru_cache(maxsize=64)
+def _comparison(stacked: bool, out_sharding):
+  def compare(x, y):
+    if stacked:
+      y = jnp.expand_dims(y, 0)
+    axes = tuple(range(1 if stacked else 0, jnp.ndim(x)))
+    same = jnp.all(x == y, axis=axes)
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+      x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+    return same, jnp.max(jnp.abs(x - y), axis=axes, initial=0)
+  return jax.jit(compare, out_shardings=out_sharding)
+
+
+def _replicated(sharding):
+  """A sharding replicated over the devices of ``sharding`` (None: none)."""
+  if sharding is None or isinstance(sharding, SingleDeviceSharding):
+    return sharding
+  if isinstance(sharding, NamedSharding):
+    return NamedSharding(sharding.mesh, PartitionSpec())
+  devices = getattr(sharding, '_device_assignment', None) or sorted(
+      sharding.device_set, key=lambda d: d.id)
+  return NamedSharding(Mesh(np.array(devices), ('devices',)), PartitionSpec())
+
+
+def _read(x):
+  """The value of a replicated ``jax.Array``, from this process's copy."""
+  return jax.device_get(x.addressable_data(0))
+
+
+def _merged(merge, col: str, source: tuple[str, ...], value, copies):
+  """The merge of ``value`` (a source) and its ``copies`` (``(array, stacked)``).
+
+  Computed under jit where the source lives, with the source's sharding.
+  """
+  merge_fn = functools.partial(_merge_fn, merge, tuple(s for _, s in copies))
+  arrays = [c for c, _ in copies]
+  result = jax.eval_shape(merge_fn, value, arrays)
+  wanted = _shape_dtype(value)
+  got = (result.shape, result.dtype) if isinstance(
+      result, jax.ShapeDtypeStruct) else None
+  if got is None or (tuple(got[0]), np.dtype(got[1])) != wanted:
+    raise tie_errors.merge_result_unlike(
+        col, source, _name(merge), result if got is None else
+        f'{tuple(got[0])}:{np.dtype(got[1])}', f'{wanted[0]}:{wanted[1]}')
+  if not isinstance(value, jax.Array):
+    return jax.device_get(jax.jit(merge_fn)(value, arrays))
+  sharding = value.sharding
+  if isinstance(sharding, SingleDeviceSharding):
+    sharding = None  # one device: jit keeps it there, committed or not
+  return jax.jit(merge_fn, out_shardings=sharding)(value, arrays)
+
+
+def _merge_fn(merge, stacked, source, copies):
+  layers = [layer for copy, s in zip(copies, stacked)
+            for layer in (list(copy) if s else [copy])]
+  if merge == 'mean':
+    return jnp.mean(jnp.stack([source, *layers]), axis=0).astype(
+        jnp.result_type(source))
+  return merge(source, layers)
 
 
 def _unfreeze(tree):

@@ -401,3 +401,60 @@ def not_equal(tie, col: str, how: str) -> TieError:
   """A stored target is not what its source gives it."""
   return TieError(f'Cannot tie {text(tie.target)} to {text(tie.source)} in'
                   f' collection {col!r}: {how}')
+
+
+def bad_merge(merge, merges: Sequence[str]) -> TieError:
+  return TieError(
+      f'merge must be None (refuse copies that differ), '
+      f'{", ".join(map(repr, merges))} or a function (source, copies) ->'
+      f' source; got {merge!r}.'
+      + (did_you_mean(merge, merges) if isinstance(merge, str) else ''))
+
+
+def copies_differ(tie, col: str, leaf: Path, source: Path, gap: float,
+                  layer: int | None, stack, viewed) -> TieError:
+  """A stored copy differs from its source, and no ``merge`` was chosen.
+
+  ``viewed`` is a viewed tie among the copies of that source leaf (then only
+  ``merge='first'`` applies), or None.
+  """
+  where = '' if layer is None else (
+      f' in layer {layer} (axis 0) of the stack {text(stack[0])}')
+  why_not = '' if viewed is None else (
+      f" merge='mean' or a function cannot merge them: {text(viewed.target)}"
+      ' is a copy through the view of its tie, which tie_variables does not'
+      " invert, so it cannot be brought into the source's layout exactly.")
+  return tie_error(
+      f'Cannot tie {text(tie.target)} to {text(tie.source)} in collection'
+      f' {col!r}: {text(leaf)} differs from its source {text(source)}{where}'
+      f' (max abs difference {gap}). Tying would silently drop the target\'s'
+      ' values.' + why_not,
+      "Keep the source's values: tie_variables(..., merge='first').",
+      '' if viewed else 'Store the mean of the source and every copy:'
+      " tie_variables(..., merge='mean').",
+      '' if viewed else 'Merge them your way: tie_variables(...,'
+      ' merge=fn), where fn(source, copies) returns the new source (copies:'
+      ' one array per copy, each layer of a stack one copy).',
+      'Keep the model untied, or make the copies equal first.')
+
+
+def merge_through_view(viewed, col: str, leaf: Path, source: Path,
+                       merge: str) -> TieError:
+  """``merge`` needs every copy in the source's layout; a view's is not."""
+  return tie_error(
+      f'Cannot merge the copies of {text(source)} in collection {col!r} with'
+      f' merge={merge}: they differ ({text(leaf)} first), and the'
+      f' {viewed.describe()} holds one of them through its view, which'
+      " tie_variables does not invert, so it cannot bring that copy into the"
+      " source's layout exactly.",
+      "Keep the source's values: merge='first'.",
+      'Merge them yourself: store the merged value at the source and its'
+      ' view at each viewed target, then tie (the copies are then equal).')
+
+
+def merge_result_unlike(col: str, source: Path, merge: str, got,
+                        wanted: str) -> TieError:
+  return TieError(
+      f'merge={merge} returned {got} for {text(source)} in collection'
+      f' {col!r}, but the source is {wanted}: a merged source must keep the'
+      " source's shape and dtype.")

@@ -5,7 +5,8 @@ exported to the untied layout (``untie_variables``) and saved with Orbax, as
 a tool that does not know about ties would keep it. Loading it back through
 ``tie_variables`` gives the tied state exactly; a checkpoint in which one
 block's copy of the tied attention was changed is refused with a ``TieError``
-naming that block, never averaged or silently replaced by the source.
+naming that block and the ``merge=`` choices, never averaged or silently
+replaced by the source unless asked.
 """
 
 import jax
@@ -53,3 +54,4 @@ def test_untied_checkpoint_with_differing_copies_is_refused(tied, tmp_path):
   with pytest.raises(flax_tieext.TieError, match='block_2/attn') as refused:
     flax_tieext.tie_variables(restored, TIES)
   assert 'block_0/attn' in str(refused.value)
+  assert "merge='mean'" in str(refused.value)

@@ -1164,6 +1164,30 @@ class TieVariablesTest(parameterized.TestCase):
       tie_convert.tie_variables(
           lm, {'head/kernel': ('embed/embedding', jnp.transpose)})
 
+  @parameterized.named_parameters(
+      ('first', 'first', lambda a, b: a),
+      ('mean', 'mean', lambda a, b: jnp.mean(jnp.stack([a, b]), axis=0)),
+      ('function', lambda s, copies: jnp.maximum(s, *copies), jnp.maximum),
+  )
+  def test_merge_combines_copies_that_differ(self, merge, by_hand):
+    x = random.normal(random.key(0), (2, 3))
+    checkpoint = TieTest.Stack().init(random.key(1), x)
+    with self.assertRaisesRegex(errors.TieError, "merge='mean'"):
+      tie_convert.tie_variables(checkpoint, {'b': 'a'})
+    tied = tie_convert.tie_variables(checkpoint, {'b': 'a'}, merge=merge)
+    self.assertEqual(sorted(tied['params']), ['a'])
+    params = checkpoint['params']
+    jax.tree.map(np.testing.assert_allclose, tied['params']['a'],
+                 jax.tree.map(by_hand, params['a'], params['b']))
+
+  def test_merge_mean_refuses_a_viewed_copy(self):
+    tokens = jnp.array([[0, 3, 4]])
+    lm = self.LM().init(random.key(1), tokens)
+    with self.assertRaisesRegex(errors.TieError, 'does not invert'):
+      tie_convert.tie_variables(
+          lm, {'head/kernel': ('embed/embedding', jnp.transpose)},
+          merge='mean')
+
   class Normed(nn.Module):
 
     @nn.compact
