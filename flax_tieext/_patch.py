@@ -166,19 +166,27 @@ def _activating(declare):
   """``ties.declare`` that binds the tie machinery first (once)."""
   @functools.wraps(declare)
   def declare_with_machinery(scope, ties):
-    _bind_machinery()
+    if not _machinery_bound:  # a global read: no call once bound
+      _bind_machinery()
     return declare(scope, ties)
   return declare_with_machinery
 
 
+# Whether this copy of the module has seen the machinery bound (a reloaded
+# copy starts unbound, and _bind_machinery finds the record bound already).
+_machinery_bound = False
+
+
 def _bind_machinery() -> None:
   """Applies :func:`_machinery_bindings` to an installed patch, once."""
+  global _machinery_bound
   with _lock:
     record = _state()
-    if record is None or any(attr == '_partial_pack'
-                             for _, attr, _ in record):
+    if record is None:
       return
-    _apply(_machinery_bindings(), record)
+    if not any(attr == '_partial_pack' for _, attr, _ in record):
+      _apply(_machinery_bindings(), record)
+    _machinery_bound = True
 
 
 def _partitioning_bindings() -> list[_Binding]:
@@ -358,10 +366,12 @@ def _restore(record):
 
 def uninstall() -> None:
   """Restores every patched Flax attribute to its exact original object."""
+  global _machinery_bound
   with _lock:
     record = _state()
     if record is None:
       return
+    _machinery_bound = False
     _restore(record)
     delattr(_core_lift, _STATE_ATTR)
     for hook in _import_hooks():

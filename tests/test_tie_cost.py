@@ -14,9 +14,10 @@ from flax_tieext.examples import tie_cost
 
 pytestmark = pytest.mark.needs_patch
 
-# Measured 1.09 at every size (8 to 512 blocks) (issue 24 asks for 1.05: not yet met; the
-# bound keeps what is reached and the test below that it does not grow).
-INIT_RATIO_BOUND = 1.10
+# Measured 1.035 on Flax 0.8.5, 1.056 on 0.12.8 and 1.054 on 0.12.12, flat from 8 to 512
+# blocks (issue 24 asks for 1.05, met on the oldest release only; the bound keeps what is
+# reached on every release of the matrix, and the test below that it does not grow).
+INIT_RATIO_BOUND = 1.07
 
 
 def test_init_of_tied_blocks_costs_a_constant_factor():

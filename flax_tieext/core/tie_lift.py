@@ -166,8 +166,10 @@ def _ties_inside(scope):
   for col in dict.fromkeys(('params', *ties.named_collections,
                             *sorted(visible_collections(scope)))):
     form = ties.form(col)
-    for tie in [*(t for t in [form.at.get(scope.path)] if t is not None),
-                *form.below.get(scope.path, ())]:
+    tie = form.at.get(scope.path)
+    if tie is not None:
+      found.setdefault(tie.target, (tie, col))
+    for tie in form.below.get(scope.path, ()):
       found.setdefault(tie.target, (tie, col))
   return list(found.values())
 
@@ -190,9 +192,9 @@ def without_borrowed(scope, lifted, inside=None):
   reaches the inner source, and lifting the collections twice would fork
   them.
   """
-  if not any(any(is_within(t.source, s.path) for s in lifted)
-             for t, _ in (_ties_inside(scope) if inside is None else inside)
-             if t.target == scope.path):
+  sources = [t.source for t, _ in (_ties_inside(scope) if inside is None
+                                   else inside) if t.target == scope.path]
+  if not [s for s in lifted for p in sources if is_within(p, s.path)]:
     return scope, ()
   scope._populate_collections()  # pylint: disable=protected-access
   borrowed = _borrowed(scope)
@@ -234,8 +236,9 @@ def _link(outer_scopes, inner_scopes, name, tie_sources, kinds):
 
 def _draws_copy(scope) -> bool:
   """Whether ``scope`` is a target initializing a copy from its source's rngs."""
-  return (scope.get_flag('initializing', False)
-          and tie_at(scope, scope.path, 'params') is not None)
+  found = in_force(scope)
+  return (found is not None and found.log is not None  # initializing
+          and found.form('params').at.get(scope.path) is not None)
 
 
 def tie_aware_partial_pack(original):
@@ -293,8 +296,9 @@ def tie_aware_partial_pack(original):
 
     def tied_repack_fn(inner_scope_tree):
       inner = list(treedef.flatten_up_to(inner_scope_tree))
-      if inner and _lift(inner[0]) is not None:
-        inner += _lift(inner[0]).siblings[len(inner):]
+      lift = _lift(inner[0]) if inner else None
+      if lift is not None:
+        inner += lift.siblings[len(inner):]
       # Only an inner target whose source was lifted beside it can hold the
       # source's very collections (without_borrowed, or resolved inside).
       for inner_scope in inner if extra else ():

@@ -53,6 +53,8 @@ class Tie:
   declared_at: Path
 
   def applies_to(self, col: str) -> bool:
+    if isinstance(self.collections, str):  # the usual filter, checked inline
+      return self.collections == col
     return in_filter(self.collections, col)
 
   def describe(self, col: str | None = None) -> str:

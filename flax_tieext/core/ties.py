@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 import jax
 
 from flax import errors as flax_errors
+from flax.core import meta
 from flax.core.frozen_dict import FrozenDict, freeze
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
@@ -46,6 +47,7 @@ from flax_tieext.core.tie_spec import (
     check_like,
     compose,
     flatten,
+    in_filter,
     is_box,
     is_within,
     named_collections,
@@ -98,14 +100,24 @@ class InForce:
   """
 
   declared: tuple[Tie, ...]
+  # Whether ``declared`` is one declaration's normal form (``normalize``),
+  # with one collection filter: then it is every collection's normal form.
+  normal: bool = dataclasses.field(default=False, compare=False)
   _forms: dict = dataclasses.field(default_factory=dict, compare=False,
                                    repr=False)
+  # While initializing: what this init learns (shared by every scope of it);
+  # None outside an init.
+  log: InitLog | None = dataclasses.field(default=None, compare=False,
+                                          repr=False)
 
   def form(self, col: str) -> Form:
     found = self._forms.get(col)
     if found is None:
-      found = self._forms[col] = Form(compose(
-          tuple(t for t in self.declared if t.applies_to(col))))
+      if self.normal:
+        ties = self.declared if self.declared[0].applies_to(col) else ()
+      else:
+        ties = compose(tuple(t for t in self.declared if t.applies_to(col)))
+      found = self._forms[col] = Form(ties)
     return found
 
   @functools.cached_property
@@ -144,7 +156,8 @@ def ties_below(scope, path: Path, col: str) -> list[Tie]:
 def declare(scope, ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
   """Puts ``ties`` in force at ``scope`` and every scope derived from it.
 
-  ``scope`` is changed in place, as its constructor would have set it. A tie
+  ``ties`` is one declaration, as ``tie_spec.normalize`` gives it (its normal
+  form). ``scope`` is changed in place, as its constructor would have set it. A tie
   equal to one in force is kept (declaring again is a no-op). The ties in
   force are checked together at once (for the collections they name): a tie
   that gives a target in force another source, or closes a cycle with them,
@@ -154,15 +167,18 @@ def declare(scope, ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
   declared = present.declared if present is not None else ()
   known = set(map(id, declared))  # normalize gives the same records again
   added = tuple([t for t in ties if id(t) not in known])
-  log = (scope.get_flag('initializing', False)
-         and INIT_FLAG not in scope.flags and bool(declared or added))
-  if added or log:
-    now = InForce(declared + added) if added else present
-    for col in {c for t in added for c in (
-        *named_collections(t.collections), 'params') if t.applies_to(c)}:
-      now.form(col)  # refuses a conflict where it is declared
-    scope.flags = freeze({**scope.flags, TIES_FLAG: now,
-                          **({INIT_FLAG: InitLog()} if log else {})})
+  log = present.log if present is not None else None
+  new_log = (log is None and bool(declared or added)
+             and scope.get_flag('initializing', False))
+  if added or new_log:
+    now = InForce(declared + added, normal=not declared,
+                  _forms={} if added else present._forms,  # pylint: disable=protected-access
+                  log=InitLog() if new_log else log)
+    for f in {t.collections for t in added}:
+      for col in (*named_collections(f), 'params'):
+        if in_filter(f, col):
+          now.form(col)  # refuses a conflict where it is declared
+    scope.flags = freeze({**scope.flags, TIES_FLAG: now})
     _share_rngs(scope)
   return ties
 
@@ -208,14 +224,21 @@ def locate(scope, path: Path, rngs: bool = False):
 def reach(scope, path: Path, rngs: bool = False):
   """``(scope at path, transforms crossed)``, built with Flax's ``push``.
 
-  The scope is pushed on rewound copies (reserving no name), so ties on the
-  way are followed by the same hooks.
+  The scope is pushed on a rewound copy (reserving no name), so ties on the
+  way are followed by the same hooks; it is built once per scope it starts
+  from and kept there (every target of one source reaches it again).
   """
   base, crossed = locate(scope, path, rngs)
-  if base is not None:
+  if base is None or len(path) == len(base.path):
+    return base, crossed
+  reached = vars(base).setdefault('_tie_reached', {})
+  found = reached.get(path)
+  if found is None:
+    found = base.rewound()
     for name in path[len(base.path):]:
-      base = base.rewound().push(name, reuse=True)
-  return base, crossed
+      found = found.push(name, reuse=True)
+    reached[path] = found
+  return found, crossed
 
 
 def stored(scope, path: Path, col: str):
@@ -230,37 +253,29 @@ def visible_collections(scope) -> set[str]:
   found = set()
   while scope is not None:
     found |= set(scope.root._variables)  # pylint: disable=protected-access
-    scope = lift_record(scope) and lift_record(scope).outer
+    lift = lift_record(scope)
+    scope = lift and lift.outer
   return found
 
 
 class InitLog:
   """What one ``init`` learns: the (target, collection) pairs that resolved.
 
-  Kept in the flags of the scopes of that init (put there by :func:`declare`
-  while initializing), which Flax carries to every scope derived from them,
-  across lifted transforms too; a new init starts a new one. The tie records
-  stay immutable. Every log compares equal to every other, so that it is no
-  part of what ``nn.jit`` keys its traces by.
+  Kept with the ties in force (:class:`InForce`, put there by
+  :func:`declare` while initializing), which Flax carries to every scope
+  derived from them, across lifted transforms too; a new init starts a new
+  one. The tie records stay immutable, and the log is no part of what
+  ``nn.jit`` keys its traces by.
   """
 
   def __init__(self):
     self.used: set[tuple[Path, str]] = set()
 
-  def __eq__(self, other):
-    return isinstance(other, InitLog)
-
-  def __hash__(self):
-    return 0
-
-
-INIT_FLAG = '__tie_init__'
-
 
 def _used(scope) -> set:
   """The ``used`` set of the init ``scope`` is part of (empty outside one)."""
-  flags = scope.flags
-  return flags[INIT_FLAG].used if INIT_FLAG in flags else set()
+  found = in_force(scope)
+  return found.log.used if found is not None and found.log else set()
 
 
 def _near(scope, path: Path, col: str | None) -> str:
@@ -314,7 +329,8 @@ def resolve(scope, tie: Tie, col: str, *, write: bool, given: bool,
                   and scope.is_mutable_collection(col))
   if given and not initializing:
     raise tie_errors.given_for_target(tie, col)
-  copy = initializing and not any(lift.maps for lift in crossed) and (
+  copy = initializing and not (crossed and any(
+      lift.maps for lift in crossed)) and (
       col == 'params' or bool(crossed) or not found)
   if crossed and (found or not copy):
     _refuse_declared_inside(scope, tie, col, crossed)
@@ -376,10 +392,11 @@ def viewed(tie: Tie, node):
 
 def _module_collection(scope, tie: Tie, col: str, write: bool, original):
   """The collection ``col`` of ``scope``, the target of a module tie."""
-  source, crossed = reach(scope, tie.source)
-  if source is None:
+  base, crossed = locate(scope, tie.source)
+  if base is None:
     raise _unreachable(scope, tie, col)
-  node = source._collection(col)  # pylint: disable=protected-access
+  # A final source lies below no target: its dicts are reached by name.
+  node = walk(base.root._variables.get(col), tie.source[len(base.root.path):])  # pylint: disable=protected-access
   if node is not None and not isinstance(node, Mapping):
     raise tie_errors.kinds_differ(tie, col, target_is_module=True)
   # A source whose every variable is tied elsewhere stores nothing: the
@@ -398,7 +415,7 @@ def _module_collection(scope, tie: Tie, col: str, write: bool, original):
   if tie.view is not None:
     return viewed(tie, node)
   if write:
-    node = source._mutable_collection(col)  # pylint: disable=protected-access
+    node = reach(scope, tie.source)[0]._mutable_collection(col)  # pylint: disable=protected-access
   elif not node:
     return FrozenDict()  # a mutable collection the source has not written
   scope._variables[col] = node  # pylint: disable=protected-access
@@ -584,7 +601,7 @@ def tie_aware_param(original):
       made.append(out)
       return out
 
-    check = tie is not None and self.get_flag('initializing', False)
+    check = tie is not None and ties.log is not None  # initializing
     try:
       value = original(self, name, recorded if check else init_fn,  # pytype: disable=wrong-arg-types
                        *init_args, **init_kwargs)
@@ -606,12 +623,19 @@ def tie_aware_param(original):
 
 def _alike(a, b) -> bool:
   """Whether two arrays (boxed or not) have one shape and dtype."""
-  if is_box(a):
-    a = a.unbox()
-  if is_box(b):
-    b = b.unbox()
+  if a is b:
+    return True
+  a, b = _aval(a), _aval(b)
   return (getattr(a, 'shape', None) == getattr(b, 'shape', False)
           and getattr(a, 'dtype', None) == getattr(b, 'dtype', False))
+
+
+def _aval(x):
+  """``x``'s abstract value where it has one (a tracer's is an attribute)."""
+  aval = getattr(x, 'aval', None)
+  if aval is None and isinstance(x, meta.AxisMetadata):
+    return _aval(x.unbox())
+  return x if aval is None else aval
 
 
 def _check_param(scope, tie: Tie, target: Path, own):
@@ -684,7 +708,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
         raise tie_errors.init_created_no_collection(
             tie, col, present, held_elsewhere(scope, tie.target, col))
     found = False
-    for col in sorted(c for c in present if tie.applies_to(c)):
+    for col in sorted([c for c in present if tie.applies_to(c)]):
       form = found_ties.form(col)
       top = form.covering(tie.target)
       for resolved in sorted([*(top,)[:top is not None],
