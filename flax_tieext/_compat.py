@@ -33,7 +33,7 @@ import warnings
 import flax
 import jax
 
-from flax_tieext import static_args
+from flax_tieext.core import _static_args
 
 FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.version('flax')
 JAX_VERSION: str = jax.__version__
@@ -167,7 +167,7 @@ def nnx_remat(
   """``nnx.remat`` with ``static_argnames``, for an ``nnx.remat`` without modes.
 
   Flax 0.8.5 to 0.12.0: the release's own ``nnx.remat`` of ``f``, with the
-  static arguments resolved by ``static_args.StaticArgs``, as Flax main's
+  static arguments resolved by ``_static_args.StaticArgs``, as Flax main's
   does, and closed over at each call. Used as a decorator too, which Flax
   0.8's ``nnx.remat`` is not.
   """
@@ -175,7 +175,7 @@ def nnx_remat(
     return functools.partial(
         nnx_remat, prevent_cse=prevent_cse, static_argnums=static_argnums,
         static_argnames=static_argnames, policy=policy)
-  statics = static_args.StaticArgs(
+  statics = _static_args.StaticArgs(
       f, static_argnums, static_argnames, transform='nnx.remat',
       supplies_first=False)
   remat = functools.partial(

@@ -29,7 +29,7 @@ import pytest
 
 from flax_tieext import lift as ext_lift
 from flax_tieext import linen as ext_nn
-from flax_tieext.static_args_diagnostics import DiagnosedStaticArgs
+from flax_tieext._static_args_diagnostics import DiagnosedStaticArgs
 
 # The two Linen functions (nn.remat is nn.checkpoint; with the patch installed
 # Flax's names are these objects, see tests/test_patch.py).

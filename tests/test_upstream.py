@@ -169,7 +169,7 @@ def test_each_pr_reaches_its_helpers_and_nothing_of_a_later_pr():
   assert {'checkpoint', 'remat', '_checkpoint', 'StaticArgs'} <= names
   assert not names & {'tie', '_partial_pack', 'DiagnosedStaticArgs'}
   assert {d.module for d in static} == {
-      'flax_tieext.core.lift', 'flax_tieext.static_args'}
+      'flax_tieext.core.lift', 'flax_tieext.core._static_args'}
 
 
 def test_plugin_code_and_private_parameters_are_reported(tmp_path):

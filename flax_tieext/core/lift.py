@@ -32,7 +32,7 @@ from flax.core.lift import pack
 from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
 from flax.core.scope import Scope
-from flax_tieext import static_args
+from flax_tieext.core import _static_args
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member
@@ -112,7 +112,7 @@ def checkpoint(
       fn, variables, rngs, concrete, prevent_cse, static_argnums, policy,
       static_argnames,
     )
-  statics = static_args.StaticArgs(
+  statics = _static_args.StaticArgs(
     fn, static_argnums, static_argnames, transform='lift.checkpoint'
   )
   return _checkpoint(fn, statics, variables, rngs, concrete, prevent_cse, policy)
@@ -120,7 +120,7 @@ def checkpoint(
 
 def _checkpoint(
   fn: Callable[..., Any],
-  statics: static_args.StaticArgs,
+  statics: _static_args.StaticArgs,
   variables: CollectionFilter = True,
   rngs: PRNGSequenceFilter = True,
   concrete: bool = False,
@@ -141,9 +141,10 @@ def _checkpoint(
       )
 
     def remat_call(static, args, kwargs):
-      # The static values are closed over, as core_remat_static does: any
-      # value is accepted, and nothing of this call outlives it (JAX's
-      # static_argnums would keep it in a cache).
+      # Static values are closed over, never passed as jax.remat's
+      # static_argnums: nothing of a call outlives it (JAX would keep them in
+      # a cache), any value works, and scan(remat(...)) traces as it did with
+      # nn.partitioning's core_remat_static.
       @functools.partial(jax.remat, prevent_cse=prevent_cse, policy=policy)
       @functools.wraps(fn)
       def rematted(variable_groups, rng_groups, *args, **kwargs):

@@ -15,15 +15,15 @@
 """``nn.partitioning.remat`` with ``static_argnames``.
 
 Written as a part of ``flax/linen/partitioning.py`` (see
-``tools/upstream.py``). Upstream counts ``static_argnums`` here
-*without* ``self`` (HF transformers relies on that); that numbering is kept.
+``tools/upstream.py``). Upstream counts ``static_argnums`` here *without*
+``self`` (HF transformers relies on that); that numbering is kept.
 
-Upstream's ``core_remat_static`` (static arguments by closure, keyword
-arguments dropped) is left as it is: ``remat`` now lifts ``lift.checkpoint``
-like ``nn.checkpoint`` does, under the name ``core_remat_static``, because
-``lift_transform`` names the transformed Module class after it
-(``Core_remat_staticMLP``), and with it the auto-generated submodule names of
-existing checkpoints.
+``core_remat_static`` closed over static arguments to work around a
+``scan(remat(...))`` bug of ``jax.remat``'s ``static_argnums`` (its TODO asked
+to move the fix into ``lift.checkpoint``). ``lift.checkpoint`` now closes over
+them itself, so ``core_remat_static`` is ``lift.checkpoint`` under its old
+name, which ``remat`` keeps for the classes it makes (``Core_remat_staticMLP``)
+and with them the names of existing checkpoints.
 """
 
 # pylint: disable=g-importing-member,unused-import
@@ -39,6 +39,25 @@ from flax.core.scope import PRNGSequenceFilter
 # are flax_tieext's own twins of those modules.
 from flax_tieext import linen as nn
 # pylint: enable=g-importing-member,unused-import
+
+
+def core_remat_static(
+    fn,
+    variables=True,
+    rngs=True,
+    concrete=False,
+    prevent_cse=True,
+    static_argnums=(),
+    policy=None,
+):
+  """Flax functional core remat version with static_argnums.
+
+  ``lift.checkpoint``, which closes over static arguments as this function
+  did to work around a ``scan(remat(...))`` bug of ``jax.remat``.
+  """
+  return nn.transforms.lift.checkpoint(
+      fn, variables, rngs, concrete, prevent_cse, static_argnums, policy
+  )
 
 
 def remat(
@@ -83,10 +102,8 @@ def remat(
         target, variables, rngs, concrete, prevent_cse, static_argnums,
         policy, methods, static_argnames,
     )
-  # core_remat_static names the transformed class, and so the auto-generated
-  # names of its submodules, as before.
   return nn.transforms._checkpoint_lift_transform(  # pylint: disable=protected-access
-      'core_remat_static',
+      core_remat_static,
       target,
       methods,
       transform_name='nn.partitioning.remat',

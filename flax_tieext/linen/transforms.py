@@ -38,7 +38,7 @@ from flax.linen.module import TestScope
 from flax.linen.transforms import _is_module_class
 from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
-from flax_tieext import static_args
+from flax_tieext.core import _static_args
 from flax_tieext.core import lift
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
@@ -49,7 +49,7 @@ from flax_tieext.core import ties as ties_lib
 # ---------------------------------------------------------------------------
 
 def _checkpoint_lift_transform(
-  transform_id: str,
+  core_transform,
   target,
   methods,
   *,
@@ -59,29 +59,28 @@ def _checkpoint_lift_transform(
   static_argnames=(),
   **kwargs,
 ):
-  """``lift_transform`` of ``lift.checkpoint`` for ``nn.checkpoint`` and co.
+  """``lift_transform`` of ``core_transform`` with static arguments resolved.
 
-  The lifted scope function takes ``*args, **kwargs``: static arguments are
-  resolved here, against each wrapped method's own signature, and passed to
-  the core transform resolved. ``transform_id`` names the transformed Module
-  class (``CheckpointMLP``), and with it auto-named submodules.
+  The scope function the core transform gets takes ``*args, **kwargs``, so
+  static arguments are resolved here, against each wrapped method's
+  signature, and handed to ``lift._checkpoint``. The transform keeps the name
+  of ``core_transform`` (``lift.checkpoint``), after which ``lift_transform``
+  names the transformed class (``CheckpointMLP``) and its unnamed instances.
   """
 
+  @functools.wraps(core_transform)
   def transform(fn, statics, **kwargs):
     return lift._checkpoint(fn, statics, **kwargs)  # pylint: disable=protected-access
 
-  transform.__name__ = transform_id
-
-  def resolve(fn, nums, names, index=first_index, name=transform_name, **kw):
-    return static_args.StaticArgs(
-      fn, nums, names, transform=name, first_index=index, **kw
+  def resolve(fn, nums, names, index=first_index, name=transform_name):
+    return _static_args.StaticArgs(
+      fn, nums, names, transform=name, first_index=index
     )
 
   if not _is_module_class(target):  # a method, decorated
     statics = resolve(target, static_argnums, static_argnames)
-    decorated = lift_transform(transform, target, statics, **kwargs)
-    statics.decorated = decorated  # for the note on @nn.compact above it
-    return decorated
+    statics.decorated = lift_transform(transform, target, statics, **kwargs)
+    return statics.decorated
   module_class = target.func if isinstance(target, functools.partial) else target
   if isinstance(methods, dict):
     # As upstream, each method gets its own core-transform arguments, whose
@@ -197,7 +196,7 @@ def checkpoint(
       methods, static_argnames,
     )
   return _checkpoint_lift_transform(
-      'checkpoint',
+      lift.checkpoint,
       target,
       methods,
       transform_name='nn.checkpoint (nn.remat)',

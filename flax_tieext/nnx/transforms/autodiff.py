@@ -16,8 +16,8 @@
 
 Written as a part of ``flax/nnx/transforms/autodiff.py`` (graph and tree
 modes, as Flax main has them) and moved into that file verbatim by
-``tools/upstream.py``. Static arguments are resolved by ``flax.static_args``
-(here ``flax_tieext.static_args``), the resolver behind every Linen
+``tools/upstream.py``. Static arguments are resolved by ``flax.core._static_args``
+(here ``flax_tieext.core._static_args``), the resolver behind every Linen
 checkpoint, so ``nnx.remat`` accepts the same arguments and explains the same
 mistakes in the same words. Only the import
 block below differs. A Flax whose ``nnx.remat`` has no graph or tree modes
@@ -40,7 +40,7 @@ from flax.nnx.transforms.transforms import _resolve_bound_callable
 from flax.nnx.transforms.transforms import resolve_kwargs
 from flax.typing import MISSING
 from flax.typing import Missing
-from flax_tieext import static_args
+from flax_tieext.core import _static_args
 # pylint: enable=g-importing-member,unused-import
 
 
@@ -151,7 +151,7 @@ def remat(
   if was_bound:
     _raise_bound_method_error('remat')
 
-  statics = static_args.StaticArgs(
+  statics = _static_args.StaticArgs(
     f_unbound, static_argnums, static_argnames, transform='nnx.remat',
     supplies_first=False,
   )
@@ -176,7 +176,7 @@ def remat(
 
 
 def _remat(
-  statics: static_args.StaticArgs,
+  statics: _static_args.StaticArgs,
   f: tp.Callable[..., tp.Any],
   prevent_cse: bool,
   policy: tp.Callable[..., bool] | None,

@@ -33,7 +33,7 @@ import re
 import jax
 
 from flax import errors as flax_errors
-from flax_tieext import static_args
+from flax_tieext.core import _static_args as static_args
 # pylint: enable=g-importing-member,unused-import
 
 

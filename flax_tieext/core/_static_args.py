@@ -1,0 +1,236 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Static arguments of the rematerializing transforms, resolved by signature.
+
+Private: ``lift.checkpoint``, ``nn.checkpoint``, ``nn.partitioning.remat``
+and ``nnx.remat`` resolve ``static_argnums`` and ``static_argnames`` here, so
+that an argument is static however it is passed.
+"""
+
+# pylint: disable=g-importing-member,unused-import
+import difflib
+import functools
+import inspect
+# pylint: enable=g-importing-member,unused-import
+
+
+class StaticArgs:
+  """The static arguments of ``fn``, resolved through its signature.
+
+  An index or a name becomes a parameter, so the argument is static whether it
+  is passed by position, by keyword or left to its default. With ``*args``,
+  indices past the named parameters (and negative ones) count the arguments of
+  each call. As in ``jax.checkpoint``, nothing is checked until the first
+  call. :meth:`split` takes a call apart, :meth:`merge` puts it back.
+
+  Args:
+    fn: the wrapped function.
+    static_argnums: int or ints; the first argument the caller passes is
+      ``first_index``.
+    static_argnames: str or strs.
+    transform: the transform's name, for errors.
+    first_index: the index of the first argument the caller passes.
+    supplies_first: whether the transform passes the first parameter of ``fn``
+      (a scope, ``self``) itself; an index of it makes nothing static.
+    group: the methods wrapped with the same arguments (this one included): a
+      name need be a parameter of one of them.
+  """
+
+  def __init__(self, fn, static_argnums=(), static_argnames=(), *,
+               transform='checkpoint', first_index=0, supplies_first=True,
+               group=()):
+    self.fn, self.transform, self.first_index = fn, transform, first_index
+    self.supplies_first, self.group = supplies_first, group or (self,)
+    self.given = {'static_argnums': static_argnums,
+                  'static_argnames': static_argnames}
+    self.static_argnums = _once(static_argnums, int)
+    self.static_argnames = _once(static_argnames, str)
+    self._resolved = None  # None: not bound; False: bound; True: checked
+
+  def _resolve(self):
+    if self._resolved:
+      return
+    self._bind()
+    for key in self.unresolved:
+      for spec in self.group:
+        spec._bind()  # pylint: disable=protected-access
+      if all(key in spec.unresolved for spec in self.group):
+        raise self._nowhere(self.group, key)
+    self._resolved = True
+
+  def _bind(self):
+    """Maps each index and name to a parameter; the rest to ``unresolved``."""
+    if self._resolved is not None:
+      return
+    for what, value, one in (('static_argnums', self.static_argnums, int),
+                             ('static_argnames', self.static_argnames, str)):
+      if not isinstance(value, tuple) or not all(
+          isinstance(x, one) for x in value):
+        raise TypeError(self._type_error(what, self.given[what]))
+    try:
+      signature = inspect.signature(self.fn)
+    except (TypeError, ValueError):  # a builtin: any arguments
+      signature = inspect.signature(lambda *args, **kwargs: None)
+    params, kind = list(signature.parameters.values()), inspect.Parameter
+    self.leading = None
+    if (self.supplies_first and params
+        and params[0].kind <= kind.POSITIONAL_OR_KEYWORD):
+      self.leading = params.pop(0).name
+    name = getattr(self.fn, '__qualname__', None) or type(self.fn).__name__
+    self.display = f'{name.split("<locals>.")[-1]}{signature}'
+    self.signature = signature.replace(parameters=params)
+    self.positional = [
+        p.name for p in params if p.kind <= kind.POSITIONAL_OR_KEYWORD]
+    self.var_positional, self.var_keyword = (
+        next((p.name for p in params if p.kind is k), None)
+        for k in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD))
+    # name -> how it was made static; with *args, a position in each call
+    # (negative: from its end) -> the index given.
+    self.names, self.positions, self.unresolved = {}, {}, {}
+    for what, add, items in (('static_argnums', self._add_index,
+                              self.static_argnums),
+                             ('static_argnames', self._add_name,
+                              self.static_argnames)):
+      for item in items:
+        try:
+          add(item)
+        except ValueError as e:
+          self.unresolved[what, item] = e
+    self._resolved = False
+
+  def _add_index(self, i):
+    n = len(self.positional)
+    j = n + i if i < 0 else i - self.first_index
+    if i < 0 and self.var_positional or j >= n and self.var_positional:
+      self.positions[i if i < 0 else j] = i
+    elif 0 <= j < n:
+      self.names.setdefault(self.positional[j], f'static_argnums index {i}')
+    elif not (j == -1 and self.leading is not None):  # `self`: passed anyway
+      raise ValueError(self._index_error(i))
+
+  def _add_name(self, name):
+    param = self.signature.parameters.get(name)
+    if (param is None and not (self.var_keyword and name.isidentifier()
+                               and name != self.leading)
+        or param is not None and param.kind in (param.VAR_POSITIONAL,
+                                                param.VAR_KEYWORD)):
+      raise ValueError(self._name_error(name))
+    self.names[name] = 'static_argnames'
+
+  @staticmethod
+  def _nowhere(specs, key):
+    return specs[0].unresolved[key]
+
+  def _type_error(self, what, value):
+    one = 'an int or a sequence of ints' if what == 'static_argnums' else (
+        'a str or a sequence of str')
+    return f'{self.transform}: {what} must be {one}, got {value!r}.'
+
+  def _index_error(self, i):
+    return (f'{self.transform}: static_argnums index {i} is out of range for'
+            f' {self.display}.')
+
+  def _name_error(self, name):
+    close = difflib.get_close_matches(name, [
+        p.name for p in self.signature.parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)], 1)
+    return (f'{self.transform}: static_argnames contains {name!r}, which is'
+            f' not a parameter of {self.display} that can be static.'
+            + (f'\nDid you mean static_argnames={close[0]!r}?' if close else ''))
+
+  def _call_index_error(self, i, args):
+    return (f'{self.transform}: static_argnums index {i} is out of range for'
+            f' this call of {self.display}, with {len(args)} positional'
+            ' argument(s).')
+
+  def split(self, args, kwargs):
+    """``(static, args, kwargs)``: a call's static and traced arguments."""
+    if self.static_argnums == () and self.static_argnames == ():
+      return _NO_STATIC, args, kwargs
+    self._resolve()
+    at = {i for i, name in enumerate(self.positional[:len(args)])
+          if name in self.names}
+    for j, i in self.positions.items():
+      if not -len(args) <= j < len(args):
+        raise ValueError(self._call_index_error(i, args))
+      at.add(j % len(args))
+    static = (tuple((i, args[i]) for i in sorted(at)),
+              tuple((k, v) for k, v in kwargs.items() if k in self.names))
+    args = tuple(a for i, a in enumerate(args) if i not in at)
+    kwargs = {k: v for k, v in kwargs.items() if k not in self.names}
+    return static, args, kwargs
+
+  def apply(self, f, args, kwargs):
+    """``f(static, args, kwargs)`` for the call ``fn(*args, **kwargs)``."""
+    return f(*self.split(args, kwargs))
+
+  def merge(self, static, args, kwargs):
+    """The inverse of :meth:`split`: the ``(args, kwargs)`` of the call."""
+    if static is _NO_STATIC:
+      return args, kwargs
+    args = list(args)
+    for i, value in static[0]:
+      args.insert(i, value)
+    return tuple(args), {**kwargs, **dict(static[1])}
+
+  def bound_call(self, args, kwargs):
+    """The call with keywords at their positions and defaults filled in.
+
+    As ``nnx``'s ``resolve_kwargs`` binds a call; a keyword-only argument
+    stays a keyword, and a default holding a ``str`` (which JAX cannot trace)
+    stays omitted.
+    """
+    if getattr(self, '_full_signature', None) is None:
+      try:
+        self._full_signature = inspect.signature(self.fn)
+      except (TypeError, ValueError):  # a builtin: the call as it is
+        self._full_signature = False
+    if not self._full_signature or isinstance(self.fn, functools.partial):
+      return args, kwargs
+    bound = self._full_signature.bind(*args, **kwargs)
+    given = set(bound.arguments)
+    bound.apply_defaults()
+    for name in set(bound.arguments) - given:
+      if holds_str(bound.arguments[name]):
+        del bound.arguments[name]
+    return bound.args, bound.kwargs
+
+
+_NO_STATIC = ((), ())
+
+
+def holds_str(value) -> bool:
+  """Whether ``value`` is a str, or a tuple, list or dict holding one."""
+  if isinstance(value, dict):
+    value = list(value.values())
+  if isinstance(value, (tuple, list)):
+    return any(holds_str(v) for v in value)
+  return isinstance(value, str)
+
+
+def _once(x, one):
+  """``x`` as a tuple, read once; kept as given if it is not a sequence."""
+  if isinstance(x, one):
+    return (x,)
+  try:
+    return tuple(x)
+  except TypeError:
+    return x
+
+
+# The plugin explains static-argument mistakes further (a layer that stays in
+# the plugin, flax_tieext/_static_args_diagnostics.py): its transforms build
+# it under this name. Being an import, this line stays behind upstream.
+from flax_tieext._static_args_diagnostics import DiagnosedStaticArgs as StaticArgs  # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
