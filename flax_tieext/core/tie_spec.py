@@ -53,8 +53,6 @@ class Tie:
   declared_at: Path
 
   def applies_to(self, col: str) -> bool:
-    if isinstance(self.collections, str):  # the usual filter, checked inline
-      return self.collections == col
     return in_filter(self.collections, col)
 
   def describe(self, col: str | None = None) -> str:
@@ -70,6 +68,11 @@ class Tie:
 
 
 def in_filter(f, col: str) -> bool:
+  """Flax's ``scope.in_filter``; the usual filters (names) are checked here."""
+  if isinstance(f, tuple):  # what lift._hashable_filter makes of names
+    return col in f
+  if isinstance(f, str):
+    return f == col
   from flax.core import scope  # pylint: disable=g-import-not-at-top
   return scope.in_filter(f, col)
 

@@ -532,7 +532,8 @@ def _tied_collection(scope, col: str, write: bool, original):
   if col in scope._variables:  # pylint: disable=protected-access
     node = original(scope, col)
   else:
-    if not scope.is_mutable_collection(col):
+    if (col in ties.named_collections
+        and not scope.is_mutable_collection(col)):
       _check_present(scope, ties, col)
     tie = form.at.get(scope.path)
     node = (original(scope, col) if tie is None else
@@ -664,15 +665,17 @@ def _share_rngs(scope):
   They are Flax's own, built by ``Scope.push`` at the source's path (inside
   ``vmap``/``scan``, the source's lifted, split streams). While initializing
   the counters start afresh, so that a copy the target initializes equals what
-  the source draws, and the source's own draws are left alone.
+  the source draws, and the source's own draws are left alone. ``scope`` has
+  ties in force.
   """
-  tie = tie_at(scope, scope.path, 'params')
+  ties = scope.flags[TIES_FLAG]
+  tie = ties.form('params').at.get(scope.path)
   source = None if tie is None or tie.view is not None else reach(
       scope, tie.source, rngs=True)[0]
   if source is not None:
     scope.rngs = source.rngs
     scope.rng_counters = ({k: 0 for k in source.rngs}
-                          if scope.get_flag('initializing', False)
+                          if ties.log is not None  # initializing
                           else source.rng_counters)
 
 

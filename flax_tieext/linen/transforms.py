@@ -335,6 +335,7 @@ def tie(
       if depth == 0:
         check_init(self)
       return y
+    method.checks_ties = True  # (Flax's method wrapper copies it)
     return method
 
   def __post_init__(self):  # pylint: disable=invalid-name
@@ -350,6 +351,9 @@ def tie(
   def init_with_output(self, rngs, *args, method=None, **kwargs):
     fn = _get_unbound_fn(getattr(self, method) if isinstance(method, str)
                          else method or self.__call__)
+    if getattr(fn, 'checks_ties', False):  # checks when its call returns
+      return super(tied, self).init_with_output(
+          rngs, *args, method=method, **kwargs)
 
     def checked_method(module, *args, **kwargs):
       y = fn(module, *args, **kwargs)
