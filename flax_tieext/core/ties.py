@@ -626,16 +626,19 @@ def _alike(a, b) -> bool:
   """Whether two arrays (boxed or not) have one shape and dtype."""
   if a is b:
     return True
-  a, b = _aval(a), _aval(b)
-  return (getattr(a, 'shape', None) == getattr(b, 'shape', False)
-          and getattr(a, 'dtype', None) == getattr(b, 'dtype', False))
+  # A tracer's abstract value is an attribute: most calls make no other call.
+  x, y = getattr(a, 'aval', None), getattr(b, 'aval', None)
+  x = _aval(a) if x is None else x
+  y = _aval(b) if y is None else y
+  return (getattr(x, 'shape', None) == getattr(y, 'shape', False)
+          and getattr(x, 'dtype', None) == getattr(y, 'dtype', False))
 
 
 def _aval(x):
-  """``x``'s abstract value where it has one (a tracer's is an attribute)."""
+  """``x``'s abstract value where it has one, or ``x`` (unboxed)."""
+  if isinstance(x, meta.AxisMetadata):
+    x = x.unbox()
   aval = getattr(x, 'aval', None)
-  if aval is None and isinstance(x, meta.AxisMetadata):
-    return _aval(x.unbox())
   return x if aval is None else aval
 
 
