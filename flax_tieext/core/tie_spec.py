@@ -246,9 +246,10 @@ def _compose(outer, inner):
 
 
 def named_collections(f) -> tuple[str, ...]:
+  """The collections a filter names (none for ``True``, a deny list, ...)."""
   if isinstance(f, str):
     return (f,)
-  if isinstance(f, tuple) and all(isinstance(x, str) for x in f):
+  if isinstance(f, tuple) and all([isinstance(x, str) for x in f]):
     return f
   return ()
 
@@ -270,7 +271,7 @@ def flatten(tree, prefix=()) -> list[tuple[Path, Any]]:
     return [(prefix, tree)]
   out = []
   for k, v in tree.items():
-    if isinstance(v, Mapping):
+    if type(v) is dict or isinstance(v, Mapping):  # (a dict without a call)
       out += flatten(v, prefix + (k,))
     else:
       out.append((prefix + (k,), v))

@@ -437,10 +437,10 @@ def _own(scope, col: str):
 def _fill(own, source, tie: Tie):
   """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared)."""
   for name, value in (source.items() if isinstance(source, Mapping) else ()):
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):
       _fill(own.setdefault(name, {}), value, tie)
     elif name not in own:
-      own[name] = apply_view(tie, value)
+      own[name] = value if tie.view is None else apply_view(tie, value)
 
 
 class TiedNames(MutableMapping):
@@ -533,6 +533,7 @@ def _tied_collection(scope, col: str, write: bool, original):
     node = original(scope, col)
   else:
     if (col in ties.named_collections
+        and col not in scope.root._variables  # pylint: disable=protected-access
         and not scope.is_mutable_collection(col)):
       _check_present(scope, ties, col)
     tie = form.at.get(scope.path)
