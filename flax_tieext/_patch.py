@@ -165,10 +165,10 @@ def _machinery_bindings() -> list[_Binding]:
 def _activating(declare):
   """``ties.declare`` that binds the tie machinery first (once)."""
   @functools.wraps(declare)
-  def declare_with_machinery(scope, ties):
+  def declare_with_machinery(scope, ties, collections='params'):
     if not _machinery_bound:  # a global read: no call once bound
       _bind_machinery()
-    return declare(scope, ties)
+    return declare(scope, ties, collections)
   return declare_with_machinery
 
 

@@ -33,7 +33,6 @@ from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
 from flax.core.scope import Scope
 from flax_tieext.core import _static_args
-from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member
 
@@ -241,8 +240,7 @@ def tie(
   def wrapper(scope_tree, *args, **kwargs):
     declaring = jax.tree_util.tree_leaves(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))[-1]
-    declared = ties_lib.declare(
-        declaring, tie_spec.normalize(ties, collections, declaring.path))
+    declared = ties_lib.declare(declaring, ties, collections)
     y = fn(scope_tree, *args, **kwargs)
     ties_lib.check_init(declaring, declared)
     return y

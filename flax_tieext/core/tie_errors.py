@@ -300,6 +300,33 @@ def unsupported_transform(tie, name: str, where: str) -> TieError:
 # ---------------------------------------------------------------------------
 
 
+def near(path: Path, base: Path, holders, tree) -> str:
+  """What exists near ``path``: a collection that holds it, or names in ``tree``."""
+  return held_in(path, holders) or nearest(tree, path[len(base):], base)
+
+
+def refused(why: str, tie, col: str, where: str, **facts) -> TieError:
+  """The error for what ``flax.core.ties.resolve`` refused (``why``), at ``where``.
+
+  ``facts`` are what the refusal found: ``transform`` (declared inside it),
+  ``transforms``, ``write``, ``tree`` and ``declared_within`` (a write or an
+  initialization that cannot land), or :func:`near`'s arguments (a source
+  that is not stored).
+  """
+  if why == 'given':
+    return given_for_target(tie, col)
+  if why == 'declared_inside':
+    return declared_inside(tie, col, where, facts['transform'])
+  if why == 'cannot_land':
+    write = facts['write']
+    return cannot_land(tie, col, where, facts['transforms'], write,
+                       '' if write else nearest(facts['tree'], tie.source),
+                       facts['declared_within'])
+  if why == 'read_only':
+    return read_only(tie, col, where)
+  return source_not_stored(tie, col, where, near(**facts))
+
+
 def held_in(path: Path, holders) -> str:
   """Names a collection that holds ``path``, if any."""
   return holders and (

@@ -17,7 +17,9 @@
 What ``lift.tie`` is given (a mapping from target path to source path, or to
 ``(source path, view_fn)``) becomes a tuple of :class:`Tie` records with
 absolute paths here, before any scope is involved, and :func:`compose` states
-what a set of ties means together (their normal form). The mechanism that
+what a set of ties means together (their normal form), which :class:`InForce`
+keeps for the ties in force at a scope, indexed by path (:class:`Form`). The
+mechanism that
 makes a tie hold inside scopes and lifted transforms is ``flax.core.ties``;
 the conversion of variable trees between the tied and untied layouts is
 ``flax.core.tie_convert``; the messages are ``flax.core.tie_errors``. They use
@@ -243,6 +245,79 @@ def _order(tie: Tie):
 
 def _compose(outer, inner):
   return lambda x: outer(inner(x))
+
+
+class Form:
+  """The normal form of the ties in force for one collection, indexed by path.
+
+  Attributes:
+    at: target path -> resolved tie (its final source).
+    named: module path -> {name: tie} of the targets directly below it.
+    below: path -> the ties whose target lies strictly below it.
+  """
+
+  def __init__(self, ties: tuple[Tie, ...]):
+    self.at = {t.target: t for t in ties}
+    self.named: dict[Path, dict[str, Tie]] = {}
+    self.below: dict[Path, list[Tie]] = {}
+    for tie in ties:
+      self.named.setdefault(tie.target[:-1], {})[tie.target[-1]] = tie
+      for end in range(len(tie.target)):
+        self.below.setdefault(tie.target[:end], []).append(tie)
+
+  def covering(self, path: Path) -> Tie | None:
+    """The tie whose target is ``path`` or its nearest ancestor."""
+    for end in range(len(path), 0, -1):
+      tie = self.at.get(path[:end])
+      if tie is not None:
+        return tie
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class InForce:
+  """The ties declared at a scope and its ancestors, as a scope keeps them.
+
+  Immutable and compared by the declarations (``nn.jit`` hashes a scope's
+  flags, where ``flax.core.ties`` keeps it); the normal form of each
+  collection is derived from them once, on first use.
+  """
+
+  declared: tuple[Tie, ...]
+  # Whether ``declared`` is one declaration's normal form (``normalize``),
+  # with one collection filter: then it is every collection's normal form.
+  normal: bool = dataclasses.field(default=False, compare=False)
+  forms: dict = dataclasses.field(default_factory=dict, compare=False,
+                                  repr=False)
+  # While initializing: what this init learns (shared by every scope of it);
+  # None outside an init.
+  log: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+  def form(self, col: str) -> Form:
+    found = self.forms.get(col)
+    if found is None:
+      if self.normal:
+        ties = self.declared if self.declared[0].applies_to(col) else ()
+      else:
+        ties = compose(tuple(t for t in self.declared if t.applies_to(col)))
+      found = self.forms[col] = Form(ties)
+    return found
+
+  def check(self, added: tuple[Tie, ...]):
+    """Derives the forms ``added`` takes part in: a conflict raises here."""
+    for f in {t.collections for t in added}:
+      for col in (*named_collections(f), 'params'):
+        if in_filter(f, col):
+          self.form(col)
+
+  @functools.cached_property
+  def named_collections(self) -> dict[str, Tie]:
+    """Each collection a declaration names -> the first tie naming it."""
+    found = {}
+    for tie in self.declared:
+      for col in named_collections(tie.collections):
+        found.setdefault(col, tie)
+    return found
 
 
 def named_collections(f) -> tuple[str, ...]:

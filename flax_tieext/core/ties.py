@@ -15,11 +15,11 @@
 """Tied variables: one stored variable reachable under two paths.
 
 A tie is state of the scope that declares it (:func:`declare`): the ties in
-force live in the scope's ``flags`` (:class:`InForce`), which Flax hands to
-every scope derived from it, so a tie is in force wherever its target is used.
-What they mean together is their normal form (``tie_spec.compose``), computed
-once per collection and looked up by path. One policy (:func:`resolve`)
-decides what Flax sees at a target, for module ties (the hooks on
+force live in the scope's ``flags`` (``tie_spec.InForce``), which Flax hands
+to every scope derived from it, so a tie is in force wherever its target is
+used. What they mean together is their normal form (``tie_spec.compose``),
+computed once per collection and looked up by path. One policy
+(:func:`resolve`) decides what Flax sees at a target, for module ties (the hooks on
 ``Scope._collection`` / ``_mutable_collection`` give a target scope its
 source's collection) and single tied variables (:class:`TiedNames`) alike.
 During ``init`` a ``params`` target works on a copy that starts as its
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
 
 import jax
 
@@ -41,16 +42,17 @@ from flax.core import meta
 from flax.core.frozen_dict import FrozenDict, freeze
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
+    Form,
+    InForce,
     Path,
     Tie,
     apply_view,
     check_like,
-    compose,
     flatten,
-    in_filter,
     is_box,
     is_within,
     named_collections,
+    normalize,
     walk,
 )
 
@@ -62,72 +64,6 @@ TIES_FLAG = '__ties__'
 # and ``closure`` (the record of the transform whose closed-over values it
 # holds, or None).
 LIFT_FLAG = '__tie_lift__'
-
-
-class Form:
-  """The normal form of the ties in force for one collection, indexed by path.
-
-  Attributes:
-    at: target path -> resolved tie (its final source).
-    named: module path -> {name: tie} of the targets directly below it.
-    below: path -> the ties whose target lies strictly below it.
-  """
-
-  def __init__(self, ties: tuple[Tie, ...]):
-    self.at = {t.target: t for t in ties}
-    self.named: dict[Path, dict[str, Tie]] = {}
-    self.below: dict[Path, list[Tie]] = {}
-    for tie in ties:
-      self.named.setdefault(tie.target[:-1], {})[tie.target[-1]] = tie
-      for end in range(len(tie.target)):
-        self.below.setdefault(tie.target[:end], []).append(tie)
-
-  def covering(self, path: Path) -> Tie | None:
-    """The tie whose target is ``path`` or its nearest ancestor."""
-    for end in range(len(path), 0, -1):
-      tie = self.at.get(path[:end])
-      if tie is not None:
-        return tie
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class InForce:
-  """The ties declared at a scope and its ancestors, as kept in its flags.
-
-  Immutable and compared by the declarations (``nn.jit`` hashes flags); the
-  normal form of each collection is derived from them once, on first use.
-  """
-
-  declared: tuple[Tie, ...]
-  # Whether ``declared`` is one declaration's normal form (``normalize``),
-  # with one collection filter: then it is every collection's normal form.
-  normal: bool = dataclasses.field(default=False, compare=False)
-  _forms: dict = dataclasses.field(default_factory=dict, compare=False,
-                                   repr=False)
-  # While initializing: what this init learns (shared by every scope of it);
-  # None outside an init.
-  log: InitLog | None = dataclasses.field(default=None, compare=False,
-                                          repr=False)
-
-  def form(self, col: str) -> Form:
-    found = self._forms.get(col)
-    if found is None:
-      if self.normal:
-        ties = self.declared if self.declared[0].applies_to(col) else ()
-      else:
-        ties = compose(tuple(t for t in self.declared if t.applies_to(col)))
-      found = self._forms[col] = Form(ties)
-    return found
-
-  @functools.cached_property
-  def named_collections(self) -> dict[str, Tie]:
-    """Each collection a declaration names -> the first tie naming it."""
-    found = {}
-    for tie in self.declared:
-      for col in named_collections(tie.collections):
-        found.setdefault(col, tie)
-    return found
 
 
 def in_force(scope) -> InForce | None:
@@ -153,34 +89,33 @@ def ties_below(scope, path: Path, col: str) -> list[Tie]:
   return found.form(col).below.get(path, []) if found is not None else []
 
 
-def declare(scope, ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
+def declare(scope, ties: Mapping[str, Any],
+            collections: Any = 'params') -> tuple[Tie, ...]:
   """Puts ``ties`` in force at ``scope`` and every scope derived from it.
 
-  ``ties`` is one declaration, as ``tie_spec.normalize`` gives it (its normal
-  form). ``scope`` is changed in place, as its constructor would have set it. A tie
-  equal to one in force is kept (declaring again is a no-op). The ties in
-  force are checked together at once (for the collections they name): a tie
-  that gives a target in force another source, or closes a cycle with them,
-  raises a ``TieError``. Returns ``ties``.
+  ``ties`` and ``collections`` are what ``lift.tie`` takes; their records
+  (``tie_spec.normalize``) are returned. ``scope`` is changed in place, as its
+  constructor would have set it. A tie equal to one in force is kept
+  (declaring again is a no-op). The ties in force are checked together at
+  once (for the collections they name): a tie that gives a target in force
+  another source, or closes a cycle with them, raises a ``TieError``.
   """
+  records = normalize(ties, collections, scope.path)
   present = in_force(scope)
   declared = present.declared if present is not None else ()
   known = set(map(id, declared))  # normalize gives the same records again
-  added = tuple([t for t in ties if id(t) not in known])
+  added = tuple([t for t in records if id(t) not in known])
   log = present.log if present is not None else None
   new_log = (log is None and bool(declared or added)
              and scope.get_flag('initializing', False))
   if added or new_log:
     now = InForce(declared + added, normal=not declared,
-                  _forms={} if added else present._forms,  # pylint: disable=protected-access
+                  forms={} if added else present.forms,
                   log=InitLog() if new_log else log)
-    for f in {t.collections for t in added}:
-      for col in (*named_collections(f), 'params'):
-        if in_filter(f, col):
-          now.form(col)  # refuses a conflict where it is declared
+    now.check(added)  # refuses a conflict where it is declared
     scope.flags = freeze({**scope.flags, TIES_FLAG: now})
     _share_rngs(scope)
-  return ties
+  return records
 
 
 # ---------------------------------------------------------------------------
@@ -280,16 +215,25 @@ def _used(scope) -> set:
 
 def _near(scope, path: Path, col: str | None) -> str:
   """What exists near ``path``: the collection that holds it, or names."""
-  return held_elsewhere(scope, path, col) or tie_errors.nearest(
-      stored(scope, (), col or 'params') or {}, path[len(scope.root.path):],
-      scope.root.path)
+  return tie_errors.near(**nearby(scope, path, col))
+
+
+def nearby(scope, path: Path, col: str | None) -> dict:
+  """What a message needs to say what exists near ``path`` (no message)."""
+  return {'path': path, 'base': scope.root.path,
+          'holders': _holders(scope, path, col),
+          'tree': stored(scope, (), col or 'params') or {}}
+
+
+def _holders(scope, path: Path, col: str | None) -> list[str]:
+  """The collections other than ``col`` that hold ``path``."""
+  return sorted([c for c in visible_collections(scope)
+                 if c != col and stored(scope, path, c) is not None])
 
 
 def held_elsewhere(scope, path: Path, col: str | None) -> str:
   """Names a collection other than ``col`` that holds ``path``, if any."""
-  return tie_errors.held_in(path, sorted(
-      c for c in visible_collections(scope)
-      if c != col and stored(scope, path, c) is not None))
+  return tie_errors.held_in(path, _holders(scope, path, col))
 
 
 # ---------------------------------------------------------------------------
@@ -327,43 +271,47 @@ def resolve(scope, tie: Tie, col: str, *, write: bool, given: bool,
   """
   initializing = (scope.get_flag('initializing', False)
                   and scope.is_mutable_collection(col))
-  if given and not initializing:
-    raise tie_errors.given_for_target(tie, col)
   copy = initializing and not (crossed and any(
       lift.maps for lift in crossed)) and (
       col == 'params' or bool(crossed) or not found)
-  if crossed and (found or not copy):
-    _refuse_declared_inside(scope, tie, col, crossed)
+  inside = (declared_inside(tie, col, crossed)
+            if crossed and (found or not copy) else None)
+  why, facts = None, {}
+  if given and not initializing:
+    why = 'given'  # apply would ignore them
+  elif inside is not None:
+    why, facts = 'declared_inside', {'transform': inside.name}
+  elif copy:
+    pass
+  elif crossed and (write or not found):
+    why, facts = 'cannot_land', {
+        'transforms': [lift.name for lift in crossed], 'write': write,
+        'tree': stored(scope, (), col) or {},
+        'declared_within': is_within(tie.declared_at, scope.root.path)}
+  elif write and tie.view is not None:
+    why = 'read_only'
+  elif not found and not write and not scope.is_mutable_collection(col):
+    why, facts = 'not_stored', nearby(scope, tie.source, col)
+  if why is not None:
+    raise tie_errors.refused(why, tie, col, scope.path_text, **facts)
   if found:
     _used(scope).add((tie.target, col))
-  if copy:
-    return COPY
-  if crossed and (write or not found):
-    near = '' if write else tie_errors.nearest(stored(scope, (), col) or {},
-                                               tie.source)
-    raise tie_errors.cannot_land(
-        tie, col, scope.path_text, [lift.name for lift in crossed], write,
-        near, is_within(tie.declared_at, scope.root.path))
-  if write and tie.view is not None:
-    raise tie_errors.read_only(tie, col, scope.path_text)
-  if not found and not write and not scope.is_mutable_collection(col):
-    raise tie_errors.source_not_stored(tie, col, scope.path_text,
-                                       _near(scope, tie.source, col))
-  return SOURCE
+  return COPY if copy else SOURCE
 
 
-def _refuse_declared_inside(scope, tie: Tie, col: str, crossed):
-  """A tie declared inside a lifted transform reaches only what it lifts.
+def declared_inside(tie: Tie, col: str, crossed):
+  """The transform ``tie`` was declared inside of, if its source is outside.
 
-  Its source outside the transform was not lifted into it (the tie was not
-  in force when the transform packed its scopes), so there is no value to
-  read that would stay current (under ``nn.jit`` a compiled function would
-  keep a stale copy). One rule for every transform, whatever else is tied.
+  A tie declared inside a lifted transform reaches only what it lifts: its
+  source outside the transform was not lifted into it (the tie was not in
+  force when the transform packed its scopes), so there is no value to read
+  that would stay current (under ``nn.jit`` a compiled function would keep a
+  stale copy). One rule for every transform, whatever else is tied.
   """
-  lift = next((lift for lift in crossed
-               if tie_at(lift.outer, tie.target, col) is None), None)
-  if lift is not None:
-    raise tie_errors.declared_inside(tie, col, scope.path_text, lift.name)
+  for lift in crossed:
+    if tie_at(lift.outer, tie.target, col) is None:
+      return lift
+  return None
 
 
 def _unreachable(scope, tie: Tie, col: str):
@@ -528,7 +476,7 @@ def _check_present(scope, ties: InForce, col: str):
 def _tied_collection(scope, col: str, write: bool, original):
   """``col`` of ``scope``, a scope under ties: its source's, or its own."""
   ties = scope.flags[TIES_FLAG]
-  form = ties._forms.get(col) or ties.form(col)  # pylint: disable=protected-access
+  form = ties.forms.get(col) or ties.form(col)
   if col in scope._variables:  # pylint: disable=protected-access
     node = original(scope, col)
   else:
@@ -592,7 +540,7 @@ def tie_aware_param(original):
       return original(self, name, init_fn, *init_args, **init_kwargs)
     target = self.path + (name,)
     ties = self.flags[TIES_FLAG]
-    tie = (ties._forms.get('params') or ties.form('params')).covering(target)  # pylint: disable=protected-access
+    tie = (ties.forms.get('params') or ties.form('params')).covering(target)  # pylint: disable=protected-access
     # While initializing, a parameter a target reads from its source is
     # checked against what the target's own init_fn gives (Flax checks the
     # shape only; at apply, as in Flax, dtypes are the caller's).
@@ -742,7 +690,10 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
     sources[key] = source, crossed, None
   source, crossed, flat = sources[key]
   if source is not None:
-    _refuse_declared_inside(scope, tie, col, crossed)
+    inside = declared_inside(tie, col, crossed)
+    if inside is not None:
+      raise tie_errors.refused('declared_inside', tie, col, scope.path_text,
+                               transform=inside.name)
     if flat is None and tie.view is None:  # flattened once per source
       flat = dict(flatten(source))
       sources[key] = source, crossed, flat

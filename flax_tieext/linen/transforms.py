@@ -40,7 +40,6 @@ from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
 from flax_tieext.core import _static_args
 from flax_tieext.core import lift
-from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
 
@@ -314,8 +313,7 @@ def tie(
   def declare(module):
     # A TestScope is the root of a clone that only runs setup's static checks.
     if module.scope is not None and not isinstance(module.scope, TestScope):
-      return ties_lib.declare(module.scope, tie_spec.normalize(
-          ties, collections, module.scope.path))
+      return ties_lib.declare(module.scope, ties, collections)
     return ()
 
   def check_init(module):

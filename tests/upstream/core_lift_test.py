@@ -358,7 +358,7 @@ class TieScopeStateTest(parameterized.TestCase):
 
   @staticmethod
   def declare(scope, spec, collections='params'):
-    ties.declare(scope, tie_spec.normalize(spec, collections, scope.path))
+    ties.declare(scope, spec, collections)
 
   @staticmethod
   def dense(scope, x):
