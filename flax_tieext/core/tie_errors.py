@@ -301,14 +301,15 @@ def unsupported_transform(tie, name: str, where: str) -> TieError:
 
 
 def near(path: Path, base: Path, holders, tree) -> str:
-  """What exists near ``path``: a collection that holds it, or names in ``tree``."""
+  """What exists near ``path``: a collection holding it, or names in ``tree``."""
   return held_in(path, holders) or nearest(tree, path[len(base):], base)
 
 
 def refused(why: str, tie, col: str, where: str, **facts) -> TieError:
-  """The error for what ``flax.core.ties.resolve`` refused (``why``), at ``where``.
+  """The error for what ``flax.core.ties.resolve`` refused (``why``).
 
-  ``facts`` are what the refusal found: ``transform`` (declared inside it),
+  ``where`` is the scope that asked. ``facts`` are what the refusal found:
+  ``transform`` (declared inside it),
   ``transforms``, ``write``, ``tree`` and ``declared_within`` (a write or an
   initialization that cannot land), or :func:`near`'s arguments (a source
   that is not stored).

@@ -19,9 +19,10 @@ force live in the scope's ``flags`` (``tie_spec.InForce``), which Flax hands
 to every scope derived from it, so a tie is in force wherever its target is
 used. What they mean together is their normal form (``tie_spec.compose``),
 computed once per collection and looked up by path. One policy
-(:func:`resolve`) decides what Flax sees at a target, for module ties (the hooks on
-``Scope._collection`` / ``_mutable_collection`` give a target scope its
-source's collection) and single tied variables (:class:`TiedNames`) alike.
+(:func:`resolve`) decides what Flax sees at a target, for module ties (the
+hooks on ``Scope._collection`` / ``_mutable_collection`` give a target scope
+its source's collection) and single tied variables (:class:`TiedNames`)
+alike.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`). Lifted transforms take part through
