@@ -21,7 +21,10 @@
    (``git apply --3way``) on top of the ones before it, and the test classes
    the series has added so far pass in the test files it touches.
 4. Flax's lint on the patched tree: ruff with Flax's ``pyproject.toml``,
-   ``pyupgrade --py310-plus``, no whitespace errors, on the touched files.
+   ``pyupgrade --py310-plus``, no whitespace errors, on the touched files;
+   and on those files pyflakes finds nothing the unpatched files lack (Flax's
+   own findings stay; an ``__init__.py`` re-export is not "unused"), and no
+   module imports a name twice.
 5. Flax's full ``tests/core`` and ``tests/linen`` (and NNX's transforms, once
    the series touches NNX) on the patched tree: every test the unpatched tree
    passes passes (the unpatched tree runs the few that do not pass patched),
@@ -36,8 +39,11 @@
 
 from __future__ import annotations
 
+import ast
+import collections
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -260,9 +266,33 @@ def compare(python, base: pathlib.Path, patched: pathlib.Path, added: set[str], 
   return problems
 
 
-def lint(tree: pathlib.Path, files: list[str]) -> list[str]:
+def _pyflakes(tree: pathlib.Path, py: list[str]) -> collections.Counter:
+  """pyflakes' findings on ``py`` in ``tree``, without line numbers."""
+  found = _run([sys.executable, '-m', 'pyflakes', *[f for f in py if (tree / f).exists()]],
+               cwd=tree, capture_output=True, text=True).stdout
+  return collections.Counter(
+      re.sub(r':\d+:\d+:? ', ': ', l, count=1) for l in found.splitlines()
+      if not (l.split(':')[0].endswith('__init__.py') and l.endswith('imported but unused')))
+
+
+def imported_twice(tree: pathlib.Path, path: str) -> list[str]:
+  """The names ``path``'s top-level imports bind more than once."""
+  if not (tree / path).exists():
+    return []
+  bound = collections.Counter(
+      (a.asname or a.name).split('.')[0] for n in ast.parse((tree / path).read_text()).body
+      if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names)
+  return sorted(name for name, n in bound.items() if n > 1)
+
+
+def lint(tree: pathlib.Path, files: list[str], base: pathlib.Path) -> list[str]:
   problems = []
   py = [f for f in files if f.endswith('.py')]
+  new = _pyflakes(tree, py) - _pyflakes(base, py)
+  problems += [f'pyflakes: {finding}' for finding in sorted(new.elements())]
+  for f in py:
+    twice = sorted(set(imported_twice(tree, f)) - set(imported_twice(base, f)))
+    problems += [f'{f} imports {", ".join(twice)} twice'] if twice else []
   if _run(['ruff', 'check', '--force-exclude', '--config', tree / 'pyproject.toml', *py],
           cwd=tree).returncode:
     problems.append('ruff (Flax pyproject.toml) fails on the patched files')
@@ -296,8 +326,8 @@ def verify() -> int:
   suites = SUITES + ((NNX_SUITE,) if any(f.startswith('flax/nnx/') for f in files) else ())
   patched = work / f'flax-{upstream.BUILD_ON}-patched'
   problems += step_by_step(patched, work, suites)
-  problems += lint(patched, files)
   base = upstream.pristine(work / f'flax-{upstream.BUILD_ON}', upstream.BUILD_ON)
+  problems += lint(patched, files, base)
   problems += compare(sys.executable, base, patched, added, work, suites)
 
   for version in upstream.RELEASES:
