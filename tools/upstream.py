@@ -280,7 +280,10 @@ def _insert_import(source: str, stmt: str) -> str:
       n, ast.ImportFrom) and (n.module, n.level) == (node.module, node.level)
       and n.lineno == n.end_lineno and '#' not in lines[n.lineno - 1]]
   if same:  # `from collections.abc import Callable, Mapping` gains a name
+    names = [a.name for a in same[0].names]
     same[0].names += node.names
+    if names == sorted(names):  # in order, as it was
+      same[0].names.sort(key=lambda a: a.name)
     lines[same[0].lineno - 1] = ast.unparse(same[0])
     return '\n'.join(lines)
   stmt = ast.unparse(node)
