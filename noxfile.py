@@ -262,9 +262,12 @@ def distributed(session):
 def upstream(session):
   """patches/main is current and applies; Flax's lint and core + linen suites pass on it."""
   # Flax 0.12.8 with its JAX, what its tests import, and the lint versions
-  # pinned in Flax's .pre-commit-config.yaml.
+  # pinned in Flax's .pre-commit-config.yaml; pyflakes for what Flax's ruff
+  # config (F401, unused imports, only) leaves out: undefined names, names
+  # imported twice.
   session.install('flax==0.12.8', 'jax==0.10.2', 'jaxlib==0.10.2', 'optax', 'cloudpickle',
-                  'pytest', 'pytest-xdist', 'ruff==0.1.3', 'pyupgrade==3.16.0')
+                  'pytest', 'pytest-xdist', 'ruff==0.1.3', 'pyupgrade==3.16.0',
+                  'pyflakes==3.2.0')
   session.run('python', 'tools/upstream_verify.py')
 
 

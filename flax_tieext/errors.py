@@ -17,7 +17,7 @@
 from flax.errors import FlaxError
 
 
-class TieError(FlaxError, ValueError):
+class TieError(FlaxError):
   """A tie that cannot be declared, resolved, or written through.
 
   ``nn.tie`` / ``lift.tie`` declare that the variables of a *target* path are
@@ -31,7 +31,8 @@ class TieError(FlaxError, ValueError):
   read-only, broadcast value; a ``view_fn`` gives a read-only view).
 
   The message names the tie (target, source, collection, and the module that
-  declares it), what was found nearby, and the options that fix it, e.g.::
+  declares it), what was found nearby, and the options that fix it. A source
+  path with a typo, for example::
 
     class Model(nn.Module):
       @nn.compact
@@ -39,16 +40,19 @@ class TieError(FlaxError, ValueError):
         x = Block(name='block_0')(x)
         return Block(name='block_1')(x)
 
-    tied = nn.tie(Model, {'block_1': 'blok_0'})  # TieError at init: the
-                                                 # source /blok_0 does not
-                                                 # exist; nearest: block_0
+    x = jnp.ones((1, 4))
+    tied = nn.tie(Model, {'block_1': 'blok_0'})
+    tied().init(jax.random.key(0), x)  # TieError: the source /blok_0 does
+                                       # not exist; nearest: block_0
+    tied = nn.tie(Model, {'block_1': 'block_0'})
+    tied().init(jax.random.key(0), x)  # This works: block_1 is block_0.
   """
 
 
 # Plugin only: Flax's error page has no entry for TieError until the upstream
 # series adds it, so the message points at the docstring that explains it.
 def _init_tie_error(self, message):
-  ValueError.__init__(self, f'{message} (see help(flax_tieext.TieError))')
+  Exception.__init__(self, f'{message} (see help(flax_tieext.TieError))')
 
 
 TieError.__init__ = _init_tie_error

@@ -147,6 +147,86 @@ def test_a_missing_name_is_imported_the_way_flax_spells_its_module(tmp_path):
   assert out.count('import functools') == 1
 
 
+def test_a_name_the_module_imports_is_not_imported_again():
+  # Each hook on a Scope method once added `ties` to `from flax.core import ...`.
+  out = FLAX.replace('from flax.core.scope import Scope\n', 'from flax.core import ties\n')
+  for stmt in ('from flax.core import ties', 'from flax.core import ties',
+               'from flax.core import tie_vars', 'import functools'):
+    out = upstream._insert_import(out, stmt)
+  assert 'from flax.core import tie_vars, ties\n' in out  # kept in order
+  assert out.count('import functools') == 1
+
+
+def test_a_third_party_module_is_not_imported_among_the_stdlib_ones():
+  out = upstream._insert_import(FLAX, 'import numpy as np')
+  assert out.startswith('import functools\n\nfrom flax.core.scope import Scope\nimport numpy as np\n')
+
+
+def test_names_read_only_in_annotations_are_uses(tmp_path, monkeypatch):
+  (tmp_path / 'annotated.py').write_text(textwrap.dedent('''\
+      from __future__ import annotations
+
+      from collections.abc import Callable, Iterator
+      from typing import Any
+
+
+      class View:
+        fn: Callable[[Any], Any] | None
+
+        def __iter__(self) -> Iterator[str]:
+          yield from ()
+      '''))
+  monkeypatch.setattr(upstream, 'ROOT', tmp_path)
+  defs, _, _ = upstream.read_module('annotated')
+  assert {'Callable', 'Any', 'Iterator'} <= defs[0].uses
+
+
+def test_the_series_own_modules_import_each_module_once_in_order():
+  out = upstream.sort_imports(textwrap.dedent('''\
+      """Doc."""
+
+      from __future__ import annotations
+
+      import numpy as np
+      from flax.core import ties, lift
+      import functools
+      from flax.core import tie_spec, lift
+      '''))
+  assert out.endswith('''from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from flax.core import lift, tie_spec, ties
+''')
+
+
+def test_a_new_flax_test_file_has_flax_header_of_this_year_and_runs_absltest(tmp_path):
+  (tmp_path / 'flax/core').mkdir(parents=True)
+  (tmp_path / 'flax/core/lift.py').write_text(
+      '# Copyright 2024 The Flax Authors.\n#\n# Licensed ...\n\n"""Lift."""\n')
+  made = upstream.new_module(tmp_path, 'tests/core/core_tie_test.py', 'Tests for ties.')
+  assert made.startswith('# Copyright 2026 The Flax Authors.\n#\n# Licensed ...\n\n'
+                         '"""Tests for ties."""\n\nfrom absl.testing import absltest\n')
+  ours = _module('t.tests', '''\
+      class TieTest(parameterized.TestCase):
+        pass
+      ''')
+  out = upstream.place(made, [ours['TieTest']])
+  assert out.endswith("\n\n\nclass TieTest(parameterized.TestCase):\n  pass\n\n\n"
+                      "if __name__ == '__main__':\n  absltest.main()\n")
+  module = upstream.new_module(tmp_path, 'flax/core/ties.py', 'Ties.')
+  assert module.startswith('# Copyright 2026 The Flax Authors.')
+
+
+def test_the_verifier_finds_a_name_imported_twice(tmp_path):
+  import upstream_verify  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'scope.py').write_text(
+      'from flax.core import ties, ties, tie_vars\nimport functools\nimport functools as ft\n')
+  assert upstream_verify.imported_twice(tmp_path, 'scope.py') == ['ties']
+
+
 def test_a_name_flax_cannot_bind_stops_the_pr(tmp_path):
   ours = _module('t.compat', '''\
       def remat(fn):

@@ -36,6 +36,7 @@ import builtins
 import dataclasses
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,13 @@ def _imports(body) -> list[ast.stmt]:
   return [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
+def _one(node: ast.stmt, alias: ast.alias) -> ast.stmt:
+  """The import of ``alias`` alone, as ``node`` imports it."""
+  if isinstance(node, ast.ImportFrom):
+    return ast.ImportFrom(node.module, [alias], node.level)
+  return ast.Import([alias])
+
+
 @dataclasses.dataclass
 class Def:
   module: str  # ours, e.g. 'flax_tieext.core.lift'
@@ -116,6 +124,14 @@ def _globals(node: ast.stmt, table: symtable.SymbolTable | None) -> set[str]:
   return found - set(dir(builtins)) - {'__class__'}  # zero-argument super()
 
 
+def _annotations(node: ast.stmt) -> set[str]:
+  """The names the annotations in ``node`` read, which symtable does not see."""
+  found = [n.annotation for n in ast.walk(node) if isinstance(n, (ast.arg, ast.AnnAssign))]
+  found += [n.returns for n in ast.walk(node) if isinstance(
+      n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+  return {s.id for a in filter(None, found) for s in ast.walk(a) if isinstance(s, ast.Name)}
+
+
 _MODULES: dict[str, tuple[list[Def], dict[str, str], str]] = {}
 
 
@@ -130,14 +146,13 @@ def read_module(module: str):
   for node in _imports(tree.body):
     for a in node.names:
       bound = (a.asname or a.name).split('.')[0]
-      imports[bound] = ast.unparse(
-          ast.ImportFrom(node.module, [a], node.level) if isinstance(node, ast.ImportFrom)
-          else ast.Import([a]))
+      imports[bound] = ast.unparse(_one(node, a))
       full = f'{node.module}.{a.name}' if isinstance(node, ast.ImportFrom) else a.name
       if full.startswith('flax_tieext.') and (ROOT / _path(full)).exists():
         ours[bound] = full
       elif getattr(node, 'module', '').startswith('flax_tieext.'):
         ours[bound] = (node.module, a.name)
+  top = set(imports) | {n for node in tree.body for n in _names(node)}
   defs = []
   for node in tree.body:
     if not _names(node):
@@ -146,6 +161,7 @@ def read_module(module: str):
     while first > 1 and lines[first - 2].startswith('#') and set(lines[first - 2]) - {'#', '-', ' '}:
       first -= 1
     uses = _globals(node, tables.get(_names(node)[0]) if hasattr(node, 'body') else None)
+    uses |= _annotations(node) & top  # unevaluated (`from __future__ import annotations`)
     uses |= {ours[n] for n in uses if isinstance(ours.get(n), tuple)}
     uses |= {(ours[s.value.id], s.attr) for s in ast.walk(node) if isinstance(s, ast.Attribute)
              and isinstance(s.value, ast.Name) and isinstance(ours.get(s.value.id), str)}
@@ -177,7 +193,6 @@ class PR:
   slug: str
   roots: list = dataclasses.field(default_factory=list)  # [our module or package, name]
   tests: list = dataclasses.field(default_factory=list)  # [Flax test file stem, class]
-  changelog: str = ''  # its line of Flax's CHANGELOG, if any
   edits: list = dataclasses.field(default_factory=list)  # [Flax file, anchor, replacement]
   files: list = dataclasses.field(default_factory=list)  # [Flax file, our file]: copied
 
@@ -251,19 +266,31 @@ def _bound(source: str) -> set[str]:
 
 
 def _insert_import(source: str, stmt: str) -> str:
-  """Adds ``stmt``: a stdlib module among the leading stdlib imports, others after the last."""
+  """Adds ``stmt``: a stdlib module among the leading stdlib imports, others after the last.
+
+  A name the module already imports the same way is not imported again.
+  """
   body, lines = ast.parse(source).body, source.split('\n')
   node = ast.parse(stmt).body[0]
+  have = {ast.unparse(_one(n, a)) for n in _imports(body) for a in n.names}
+  node.names = [a for a in node.names if ast.unparse(_one(node, a)) not in have]
+  if not node.names:
+    return source
   same = [n for n in _imports(body) if isinstance(node, ast.ImportFrom) and isinstance(
       n, ast.ImportFrom) and (n.module, n.level) == (node.module, node.level)
       and n.lineno == n.end_lineno and '#' not in lines[n.lineno - 1]]
   if same:  # `from collections.abc import Callable, Mapping` gains a name
+    names = [a.name for a in same[0].names]
     same[0].names += node.names
+    if names == sorted(names):  # in order, as it was
+      same[0].names.sort(key=lambda a: a.name)
     lines[same[0].lineno - 1] = ast.unparse(same[0])
     return '\n'.join(lines)
+  stmt = ast.unparse(node)
   stdlib = [n for n in _imports(body) if isinstance(n, ast.Import) and
             n.names[0].name.split('.')[0] in sys.stdlib_module_names]
-  if isinstance(node, ast.Import) and stdlib:
+  if isinstance(node, ast.Import) and stdlib and (
+      node.names[0].name.split('.')[0] in sys.stdlib_module_names):
     after = [n for n in stdlib if n.names[0].name < node.names[0].name]
     at = after[-1].end_lineno if after else stdlib[0].lineno - 1
   else:
@@ -274,7 +301,12 @@ def _insert_import(source: str, stmt: str) -> str:
 def sort_imports(source: str) -> str:
   """A new module's import block in groups: __future__, stdlib, others, flax."""
   body, lines = ast.parse(source).body, source.split('\n')
-  block = _imports(body)
+  block, merged = _imports(body), {}
+  for n in block:  # one statement per module it imports from, each name once
+    key = (n.module, n.level) if isinstance(n, ast.ImportFrom) else id(n)
+    first = merged.setdefault(key, n)
+    if first is not n:
+      first.names += [a for a in n.names if ast.unparse(a) not in map(ast.unparse, first.names)]
   def group(n):
     top = (n.module if isinstance(n, ast.ImportFrom) else n.names[0].name).split('.')[0]
     return 0 if top == '__future__' else 1 if top in sys.stdlib_module_names else (
@@ -288,8 +320,8 @@ def sort_imports(source: str) -> str:
     return line.split(' import ')[0] + ' import (\n' + ''.join(
         f'    {ast.unparse(a)},\n' for a in n.names) + ')'
   out = []
-  for g in sorted({group(n) for n in block}):
-    out += sorted((text(n) for n in block if group(n) == g),
+  for g in sorted({group(n) for n in merged.values()}):
+    out += sorted((text(n) for n in merged.values() if group(n) == g),
                   key=lambda t: t.split()[1]) + ['']
   return '\n'.join(lines[:block[0].lineno - 1] + out[:-1] + lines[block[-1].end_lineno:])
 
@@ -379,6 +411,20 @@ def add_hooks(pr: PR, tree: pathlib.Path) -> None:
       path.write_text('\n'.join(lines))
 
 
+def new_module(tree: pathlib.Path, dest: str, doc: str) -> str:
+  """A module the series adds: Flax's license header of this year, our docstring.
+
+  A test file (its classes come from ``tests/upstream/<stem>.py``, whose
+  docstring is the Flax file's) ends as Flax's do, running ``absltest``.
+  """
+  header = (tree / 'flax/core/lift.py').read_text().split('\n\n')[0]
+  header = re.sub(r'Copyright \d{4} ', f'Copyright {DATE[:4]} ', header, count=1)
+  if dest.startswith('tests/'):
+    return (f'{header}\n\n"""{doc}"""\n\nfrom absl.testing import absltest\n\n\n'
+            "if __name__ == '__main__':\n  absltest.main()\n")
+  return f'{header}\n\n"""{doc}\n"""\n\nfrom __future__ import annotations\n'
+
+
 def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
   """Makes ``pr``'s change in the Flax source ``tree``."""
   by_dest = {}
@@ -393,17 +439,18 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
         raise Error(f'{name} in tests/upstream/{stem}.py uses {module}.{attr}, which'
                     ' does not exist')
     by_dest.setdefault(str(_path(TESTS[stem])), []).extend(found)
-  new = set()
+  pristine_commit = git(tree, 'rev-list', '--max-parents=0', 'HEAD', capture=True).strip()
+  new = {dest for dest in by_dest if subprocess.run(
+      ['git', 'cat-file', '-e', f'{pristine_commit}:{dest}'], cwd=tree,
+      capture_output=True).returncode}
   for dest, defs in by_dest.items():
     path = tree / dest
-    if not path.exists():  # a new module: Flax's license header, our docstring
-      new.add(dest)
-      header = (tree / 'flax/core/lift.py').read_text().split('\n\n')[0]
-      doc = read_module(defs[0].module)[2]
-      path.write_text(f'{header}\n\n"""{doc}\n"""\n\nfrom __future__ import annotations\n')
+    if not path.exists():
+      path.write_text(new_module(tree, dest, read_module(defs[0].module)[2]))
     path.write_text(place(path.read_text(), defs))
   for dest, defs in by_dest.items():  # once every new module exists
     source = add_imports((tree / dest).read_text(), defs, dest, tree)
+    # The series' own modules: their import block in order, whoever added to it.
     source = sort_imports(source) if dest in new else source
     (tree / dest).write_text(source.rstrip('\n') + '\n')
   add_hooks(pr, tree)
@@ -415,14 +462,6 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
   for file, ours in pr.files:
     (tree / file).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / ours, tree / file)
-  if pr.changelog:
-    # Flax's CHANGELOG: "Add your change to a random empty line [of vNext] to
-    # avoid merge conflicts". We take the last free one.
-    lines = (tree / 'CHANGELOG.md').read_text().split('\n')
-    start = next(i for i, l in enumerate(lines) if l.startswith('(Add your change'))
-    free = [i for i in range(start, lines.index('', start)) if lines[i] == '-']
-    lines[free[-1]] = f'- {pr.changelog}'
-    (tree / 'CHANGELOG.md').write_text('\n'.join(lines))
 
 
 def leftovers(tree: pathlib.Path) -> list[str]:

@@ -18,8 +18,11 @@
 2. Each PR adds at most ``MAX_ADDED`` lines under ``flax/``, and at least
    half as many of tests.
 3. PR by PR on the pristine ``upstream.BUILD_ON`` sdist: each applies
-   (``git apply --3way``) on top of the ones before it, and the test classes
-   the series has added so far pass in the test files it touches.
+   (``git apply --3way``) on top of the ones before it; in the files it
+   touches pyflakes finds nothing the unpatched files lack (Flax's own
+   findings stay; an ``__init__.py`` re-export is not "unused") and no
+   module imports a name twice; and the test classes the series has added so
+   far pass in the test files it touches.
 4. Flax's lint on the patched tree: ruff with Flax's ``pyproject.toml``,
    ``pyupgrade --py310-plus``, no whitespace errors, on the touched files.
 5. Flax's full ``tests/core`` and ``tests/linen`` (and NNX's transforms, once
@@ -36,8 +39,11 @@
 
 from __future__ import annotations
 
+import ast
+import collections
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -132,8 +138,8 @@ def apply(dest: pathlib.Path, version: str) -> None:
                *map(str, _patches()))
 
 
-def step_by_step(dest: pathlib.Path, out: pathlib.Path, suites) -> list[str]:
-  """Applies the PRs one by one; after each, runs the tests added so far.
+def step_by_step(dest: pathlib.Path, out: pathlib.Path, suites, base: pathlib.Path) -> list[str]:
+  """Applies the PRs one by one; after each, pyflakes and the tests added so far.
 
   After the last PR the tree is the whole series, whose run of ``suites``
   (``compare``) runs those tests again: the last step is left to it where
@@ -147,6 +153,7 @@ def step_by_step(dest: pathlib.Path, out: pathlib.Path, suites) -> list[str]:
       upstream.git(dest, 'apply', '--3way', '--whitespace=error-all', str(patch))
     except subprocess.CalledProcessError:
       return problems + [f'{patch.name} does not apply on the PRs before it']
+    problems += [f'{patch.name}: {p}' for p in pyflakes(dest, _touched(patch), base)]
     for file, classes in _classes(patch).items():
       added.setdefault(file, set()).update(classes)
     ids = [f'{f}::{c}' for f in _touched(patch) if f in added for c in sorted(added[f])]
@@ -260,6 +267,36 @@ def compare(python, base: pathlib.Path, patched: pathlib.Path, added: set[str], 
   return problems
 
 
+def _pyflakes(tree: pathlib.Path, py: list[str]) -> collections.Counter:
+  """pyflakes' findings on ``py`` in ``tree``, without line numbers."""
+  found = _run([sys.executable, '-m', 'pyflakes', *[f for f in py if (tree / f).exists()]],
+               cwd=tree, capture_output=True, text=True).stdout
+  return collections.Counter(
+      re.sub(r':\d+:\d+:? ', ': ', l, count=1) for l in found.splitlines()
+      if not (l.split(':')[0].endswith('__init__.py') and l.endswith('imported but unused')))
+
+
+def imported_twice(tree: pathlib.Path, path: str) -> list[str]:
+  """The names ``path``'s top-level imports bind more than once."""
+  if not (tree / path).exists():
+    return []
+  bound = collections.Counter(
+      (a.asname or a.name).split('.')[0] for n in ast.parse((tree / path).read_text()).body
+      if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names)
+  return sorted(name for name, n in bound.items() if n > 1)
+
+
+def pyflakes(tree: pathlib.Path, files: list[str], base: pathlib.Path) -> list[str]:
+  """What pyflakes finds in ``files`` that the unpatched ``base`` lacks; names imported twice."""
+  py = [f for f in files if f.endswith('.py')]
+  new = _pyflakes(tree, py) - _pyflakes(base, py)
+  problems = [f'pyflakes: {finding}' for finding in sorted(new.elements())]
+  for f in py:
+    twice = sorted(set(imported_twice(tree, f)) - set(imported_twice(base, f)))
+    problems += [f'{f} imports {", ".join(twice)} twice'] if twice else []
+  return problems
+
+
 def lint(tree: pathlib.Path, files: list[str]) -> list[str]:
   problems = []
   py = [f for f in files if f.endswith('.py')]
@@ -295,9 +332,9 @@ def verify() -> int:
 
   suites = SUITES + ((NNX_SUITE,) if any(f.startswith('flax/nnx/') for f in files) else ())
   patched = work / f'flax-{upstream.BUILD_ON}-patched'
-  problems += step_by_step(patched, work, suites)
-  problems += lint(patched, files)
   base = upstream.pristine(work / f'flax-{upstream.BUILD_ON}', upstream.BUILD_ON)
+  problems += step_by_step(patched, work, suites, base)
+  problems += lint(patched, files)
   problems += compare(sys.executable, base, patched, added, work, suites)
 
   for version in upstream.RELEASES:
