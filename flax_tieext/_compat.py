@@ -75,6 +75,111 @@ def tie_sources_by_pack_name(partial_pack):
   return _partial_pack
 
 
+# -- Ties in Scope's methods ---------------------------------------------------
+# Upstream, Scope.push, param, _collection, _mutable_collection, variables
+# and lift._partial_pack call into flax.core.ties / tie_vars / tie_lift from
+# their bodies when ties are in force (the edits of patches/series.toml). A
+# released Flax's bodies cannot be edited: each wrapper below runs Flax's own
+# method and makes the same calls at the same points (tests/test_upstream.py
+# checks that both call the same functions; `nox -s upstream` runs the tie
+# tests on the series). _patch binds them when the first tie is declared.
+
+
+def scope_push(push):
+  """``Scope.push``: a child under ties gets its source's rng streams."""
+  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(push)
+  def tied_push(self, name=None, prefix='', reuse=False):
+    scope = push(self, name, prefix, reuse)
+    if ties.TIES_FLAG in self.flags:
+      ties.share_rngs(scope)
+    return scope
+  return tied_push
+
+
+def scope_collection(collection, write=False):
+  """``Scope._collection`` (``_mutable_collection`` with ``write``) under ties."""
+  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(collection)
+  def tied_collection(self, col, untied=False):
+    if not untied and ties.TIES_FLAG in self.flags:
+      return ties.collection(self, col, write)
+    return collection(self, col)
+  return tied_collection
+
+
+def scope_mutable_collection(mutable_collection):
+  return scope_collection(mutable_collection, write=True)
+
+
+def scope_param(param):
+  """``Scope.param``: a tied parameter is checked against its target's init.
+
+  Upstream, ``param`` calls ``ties.check_param`` where it has the stored value
+  and what ``init_fn`` gives, and ``ties.refuse_unknown_collection`` before it
+  raises that it found none; here ``init_fn``'s result is recorded and the
+  same calls follow Flax's return or error.
+  """
+  from flax import errors  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(param)
+  def tied_param(self, name, init_fn, *init_args, **init_kwargs):
+    if ties.TIES_FLAG not in self.flags:
+      return param(self, name, init_fn, *init_args, **init_kwargs)
+    made = []
+
+    def recorded(*args, **kwargs):
+      made.append(init_fn(*args, **kwargs))
+      return made[-1]
+
+    try:
+      value = param(self, name, recorded, *init_args, **init_kwargs)
+    except errors.ScopeParamShapeError:
+      ties.check_param(self, name, self.get_variable('params', name), made[0])
+      raise
+    except (errors.ScopeParamNotFoundError, errors.ScopeCollectionNotFound):
+      ties.refuse_unknown_collection(self, name)
+      raise
+    if made:
+      ties.check_param(self, name, value, made[0])
+    return value
+  return tied_param
+
+
+def scope_variables(variables):
+  """``Scope.variables``: the names variable ties target are in it."""
+  from flax_tieext.core import tie_vars, ties  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(variables)
+  def tied_variables(self):
+    found = variables(self)
+    if ties.TIES_FLAG in self.flags:
+      found = tie_vars.tied_variables(self, found)
+    return found
+  return tied_variables
+
+
+def partial_pack(pack):
+  """``lift._partial_pack``: tie sources outside its scopes are packed too."""
+  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(pack)
+  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
+                    rng_filters, name=None, tie_sources=None):
+    tied = tie_lift.packed(scope_tree, name, tie_sources)
+    if tied is None:
+      return pack(scope_tree, in_variable_filters, out_variable_filters,
+                  rng_filters, name)
+    scope_fn, repack_fn, *rest = pack(
+        tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
+        name)
+    return (*tied.wrap(scope_fn, repack_fn), *rest)
+  return _partial_pack
+
+
 # -- NNX ---------------------------------------------------------------------
 # nnx.remat is patched where the installed Flax has it; a Flax without NNX
 # lacks nothing the rest of the patch needs.

@@ -144,21 +144,17 @@ def _machinery_bindings() -> list[_Binding]:
   """
   import flax.core.scope as core_scope  # pylint: disable=g-import-not-at-top
 
-  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import tie_vars  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-
   Scope = core_scope.Scope  # pylint: disable=invalid-name
   return [
-      _Binding(_core_lift, '_partial_pack', tie_lift.tie_aware_partial_pack),
+      _Binding(_core_lift, '_partial_pack', _compat.partial_pack),
       # ... told what each released transform declares (upstream: its pack).
       _Binding(_core_lift, '_partial_pack', _compat.tie_sources_by_pack_name),
-      _Binding(Scope, 'push', ties.tie_aware_push),
-      _Binding(Scope, 'param', ties.tie_aware_param),
+      _Binding(Scope, 'push', _compat.scope_push),
+      _Binding(Scope, 'param', _compat.scope_param),
       # (module and single-variable ties alike: one hook per Scope method).
-      _Binding(Scope, '_collection', ties.tie_aware_collection),
-      _Binding(Scope, '_mutable_collection', ties.tie_aware_mutable_collection),
-      _Binding(Scope, 'variables', tie_vars.tie_aware_variables),
+      _Binding(Scope, '_collection', _compat.scope_collection),
+      _Binding(Scope, '_mutable_collection', _compat.scope_mutable_collection),
+      _Binding(Scope, 'variables', _compat.scope_variables),
   ]
 
 

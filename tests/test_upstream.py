@@ -364,3 +364,44 @@ def test_files_the_series_copies_are_current_in_patches_main():
       added = [l[1:] for l in body.split('\n') if l.startswith('+')]
       assert added == (ROOT / ours).read_text().rstrip('\n').split('\n'), (
           f'{patch.name} has an old {ours}: run python tools/upstream.py build')
+
+
+def test_an_import_from_its_own_package_is_relative_where_flax_imports_so():
+  """flax/core/scope.py imports `from . import meta, ...`: the series does too."""
+  scope = 'import jax\n\nfrom flax import errors\n\nfrom . import meta, tracers\nfrom .frozen_dict import freeze\n\nX = 1\n'
+  out = upstream._insert_import(scope, 'from flax.core import ties', 'flax/core/scope.py')
+  assert 'from . import meta, ties, tracers\n' in out and 'flax.core' not in out
+  out = upstream._insert_import(out, 'from flax.core.frozen_dict import freeze', 'flax/core/scope.py')
+  assert out.count('freeze') == 1
+  # A module importing its package absolutely (linen/transforms.py) keeps that.
+  linen = 'from flax.core import lift\n\nX = 1\n'
+  out = upstream._insert_import(linen, 'from flax.linen import module', 'flax/linen/transforms.py')
+  assert 'from flax.linen import module\n' in out
+
+
+_CALL_INTO_TIES = re.compile(r'\b((?:ties|tie_vars|tie_lift)\.[a-z_]+)\(')
+
+
+def test_the_plugin_wraps_flax_with_the_calls_the_series_writes_into_its_bodies():
+  """_compat's wrappers call what series.toml's edits add to Flax's methods."""
+  from flax_tieext import _compat  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  series = set()
+  for pr in upstream.PRS:
+    for _, anchor, new in pr.edits:
+      series |= set(_CALL_INTO_TIES.findall(new)) - set(_CALL_INTO_TIES.findall(anchor))
+  wrappers = (_compat.scope_push, _compat.scope_collection, _compat.scope_param,
+              _compat.scope_variables, _compat.partial_pack)
+  plugin = {c for w in wrappers for c in _CALL_INTO_TIES.findall(inspect.getsource(w))}
+  assert series == plugin == {
+      'ties.share_rngs', 'ties.collection', 'ties.check_param',
+      'ties.refuse_unknown_collection', 'tie_vars.tied_variables', 'tie_lift.packed'}
+
+
+def test_a_new_module_has_our_module_wide_disable_after_its_imports():
+  """One `# pylint: disable=protected-access` per module, as Flax's module.py."""
+  new = 'from __future__ import annotations\n\nimport jax\n\n\nX = 1\n'
+  out = upstream.module_disables(new, 'flax_tieext.core.ties')
+  assert out.index('import jax') < out.index('# pylint: disable=protected-access') < out.index('X = 1')
+  assert upstream.module_disables(out, 'flax_tieext.core.ties') == out
+  assert upstream.module_disables(new, 'flax_tieext.core.tie_errors') == new  # none there

@@ -202,31 +202,6 @@ TESTS = SPEC['test_files']
 WAIVED = SPEC['waived']
 
 
-# Where the owners of our patch's bindings are in Flax: file, and class if any.
-OWNERS = {'Scope': ('flax/core/scope.py', 'Scope'), '_core_lift': ('flax/core/lift.py', None)}
-
-
-def hooks() -> dict[tuple[str, str], list[tuple[str, str, str]]]:
-  """(our module, hook) -> [(Flax file, class or None, function)] it decorates.
-
-  Each ``_Binding(owner, attr, <core module>.<hook>)`` of our patch wraps a
-  Flax function with a hook: upstream, the hook decorates it. Bindings to
-  plugin-only code (``_compat``) have no counterpart.
-  """
-  tree = ast.parse((ROOT / 'flax_tieext/_patch.py').read_text())
-  found = {}
-  for c in ast.walk(tree):
-    if (isinstance(c, ast.Call) and getattr(c.func, 'id', '') == '_Binding'
-        and isinstance(c.args[2], ast.Attribute)
-        and isinstance(c.args[2].value, ast.Name)
-        and ast.unparse(c.args[0]) in OWNERS
-        and (ROOT / 'flax_tieext/core' / f'{c.args[2].value.id}.py').exists()):
-      key = (f'flax_tieext.core.{c.args[2].value.id}', c.args[2].attr)
-      found.setdefault(key, []).append(
-          (*OWNERS[ast.unparse(c.args[0])], c.args[1].value))
-  return found
-
-
 def reach(pr: PR, taken: set) -> list[Def]:
   """``pr``'s roots and the definitions of ours they reach that no earlier PR took."""
   todo, mine = [*map(tuple, pr.roots)], []
@@ -265,13 +240,20 @@ def _bound(source: str) -> set[str]:
       (a.asname or a.name).split('.')[0] for n in _imports(body) for a in n.names}
 
 
-def _insert_import(source: str, stmt: str) -> str:
+def _insert_import(source: str, stmt: str, dest: str = '') -> str:
   """Adds ``stmt``: a stdlib module among the leading stdlib imports, others after the last.
 
-  A name the module already imports the same way is not imported again.
+  A name the module already imports the same way is not imported again. In a
+  module ``dest`` that imports its own package relatively (``from . import
+  meta``), an import from that package is made relative too.
   """
   body, lines = ast.parse(source).body, source.split('\n')
   node = ast.parse(stmt).body[0]
+  package = '.'.join(pathlib.Path(dest).parts[:-1]) if dest else ''
+  if (package and isinstance(node, ast.ImportFrom) and not node.level
+      and (node.module == package or node.module.startswith(package + '.'))
+      and any(getattr(n, 'level', 0) for n in _imports(body))):
+    node.module, node.level = node.module[len(package) + 1:] or None, 1
   have = {ast.unparse(_one(n, a)) for n in _imports(body) for a in n.names}
   node.names = [a for a in node.names if ast.unparse(_one(node, a)) not in have]
   if not node.names:
@@ -287,6 +269,9 @@ def _insert_import(source: str, stmt: str) -> str:
     lines[same[0].lineno - 1] = ast.unparse(same[0])
     return '\n'.join(lines)
   stmt = ast.unparse(node)
+  if getattr(node, 'level', 0):  # beside the module's other relative imports
+    at = max(n.end_lineno for n in _imports(body) if getattr(n, 'level', 0))
+    return '\n'.join(lines[:at] + [stmt] + lines[at:])
   stdlib = [n for n in _imports(body) if isinstance(n, ast.Import) and
             n.names[0].name.split('.')[0] in sys.stdlib_module_names]
   if isinstance(node, ast.Import) and stdlib and (
@@ -324,6 +309,21 @@ def sort_imports(source: str) -> str:
     out += sorted((text(n) for n in merged.values() if group(n) == g),
                   key=lambda t: t.split()[1]) + ['']
   return '\n'.join(lines[:block[0].lineno - 1] + out[:-1] + lines[block[-1].end_lineno:])
+
+
+def module_disables(source: str, ours: str) -> str:
+  """A new module's import block followed by our module's own module-wide
+  ``# pylint: disable=`` comment (as Flax's ``linen/module.py`` has one)."""
+  lines = (ROOT / _path(ours)).read_text().split('\n')
+  at = next((i for i, l in enumerate(lines) if l.startswith('# pylint: disable=')), None)
+  if at is None or '# pylint: disable=' in source:
+    return source
+  first = at
+  while first > 0 and lines[first - 1].startswith('#'):
+    first -= 1
+  body, out = ast.parse(source).body, source.split('\n')
+  end = max(n.end_lineno for n in _imports(body))
+  return '\n'.join(out[:end] + ['', *lines[first:at + 1]] + out[end:])
 
 
 def hoist(text: str) -> tuple[str, list[str]]:
@@ -372,7 +372,7 @@ def add_imports(source: str, defs: list[Def], dest: str, tree: pathlib.Path) -> 
     ours = read_module(d.module)[1]
     for stmt in hoist(d.text)[1]:
       if ast.parse(stmt).body[0].names[0].name not in _bound(source):
-        source = _insert_import(source, stmt)
+        source = _insert_import(source, stmt, dest)
     for name in sorted(u for u in d.uses if isinstance(u, str) and u not in _bound(source)):
       if name not in ours:
         raise Error(f'{dest}: {d.name} reads {name}, which Flax does not define there'
@@ -388,27 +388,20 @@ def add_imports(source: str, defs: list[Def], dest: str, tree: pathlib.Path) -> 
             tree / _path(f'{node.module}.{node.names[0].name}')).exists():
           raise Error(f'{dest}: {d.name} reads {name} ({ours[name]}), which has no'
                       ' counterpart in Flax')
-      source = _insert_import(source, ast.unparse(node))
+      source = _insert_import(source, ast.unparse(node), dest)
   return source
 
 
-def add_hooks(pr: PR, tree: pathlib.Path) -> None:
-  """Decorates the Flax functions our patch wraps with the hooks among ``pr``'s roots.
-
-  A later hook on the same function goes above the earlier ones: it wraps them.
-  """
-  for root in map(tuple, pr.roots):
-    for file, cls, function in hooks().get(root, []):
-      module = root[0].rpartition('.')[2]
-      path = tree / file
-      source = _insert_import(path.read_text(), f'from flax.core import {module}')
-      body = ast.parse(source).body
-      if cls:
-        body = next(n for n in body if getattr(n, 'name', '') == cls).body
-      node = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == function][-1]
-      lines = source.split('\n')
-      lines.insert(_first_line(node) - 1, ' ' * node.col_offset + f'@{module}.{root[1]}')
-      path.write_text('\n'.join(lines))
+def add_edit_imports(path: pathlib.Path, new: str, tree: pathlib.Path, pristine: str) -> None:
+  """Imports the ``flax.core`` modules of the series that an edit's ``new`` text calls into."""
+  source = path.read_text()
+  for name in sorted(set(re.findall(r'\b([a-z_]+)\.[A-Za-z_]', new))):
+    module = f'flax/core/{name}.py'
+    if ((tree / module).exists() and name not in _bound(source) and subprocess.run(
+        ['git', 'cat-file', '-e', f'{pristine}:{module}'], cwd=tree,
+        capture_output=True).returncode):
+      source = _insert_import(source, f'from flax.core import {name}', str(path.relative_to(tree)))
+  path.write_text(source)
 
 
 def new_module(tree: pathlib.Path, dest: str, doc: str) -> str:
@@ -451,14 +444,15 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
   for dest, defs in by_dest.items():  # once every new module exists
     source = add_imports((tree / dest).read_text(), defs, dest, tree)
     # The series' own modules: their import block in order, whoever added to it.
-    source = sort_imports(source) if dest in new else source
+    source = module_disables(sort_imports(source), defs[0].module) if dest in new else source
     (tree / dest).write_text(source.rstrip('\n') + '\n')
-  add_hooks(pr, tree)
   for file, anchor, new in pr.edits:
     text = (tree / file).read_text()
     if anchor not in text:
       raise Error(f'{file} has no {anchor!r}')
     (tree / file).write_text(text.replace(anchor, new, 1))
+    if file.endswith('.py'):
+      add_edit_imports(tree / file, new, tree, pristine_commit)
   for file, ours in pr.files:
     (tree / file).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / ours, tree / file)

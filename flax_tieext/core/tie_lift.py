@@ -18,7 +18,7 @@ Lifted transforms build their inner scopes with ``parent=None``, so a target
 inside one cannot reach a source outside it by walking up. Each transform
 declares what a tie source outside it is: ``pack(..., tie_sources=...)``, one
 of :data:`LIFT`, :data:`LIFT_CACHED`, :data:`BROADCAST` or :data:`CLOSE_OVER`.
-The hook on ``lift._partial_pack`` (:func:`tie_aware_partial_pack`) lifts the
+``lift._partial_pack`` asks :func:`packed` what to pack, which lifts the
 sources as declared and records on each inner root what it stands for, which
 ``ties.reach`` walks. A transform that declares nothing gets a ``TieError``
 when a tie source lies outside it, never a guess.
@@ -27,7 +27,6 @@ when a tie source lies outside it, never a guess.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +45,9 @@ from flax_tieext.core.ties import (
     tie_at,
     visible_collections,
 )
+
+# Scope's privates are this module's to use, as lift.py uses them.
+# pylint: disable=protected-access
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +118,7 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
         continue  # read as a closed-over value
       path = tie.source
       parent, _ = reach(scope, path[:-1])
-      node = None if parent is None else walk(parent._collection(col), path[-1:])  # pylint: disable=protected-access
+      node = None if parent is None else walk(parent._collection(col), path[-1:])
       if node is None or (isinstance(node, Mapping) and not node):
         continue  # nothing stored yet: the target initializes its own copy
       if not isinstance(node, Mapping):
@@ -130,7 +132,7 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
         extra.append((_detached(source, {}), source, True, None))
       elif crossed:  # only a closed-over value here: lift it as one
         extra.append((_detached(source, {
-            c: values._collection(c) for c in visible_collections(scope)  # pylint: disable=protected-access
+            c: values._collection(c) for c in visible_collections(scope)
             if tie.applies_to(c)}), source, False, crossed[0]))
       else:
         extra.append((source, source, False, None))
@@ -196,13 +198,13 @@ def without_borrowed(scope, lifted, inside=None):
                                    else inside) if t.target == scope.path]
   if not [s for s in lifted for p in sources if is_within(p, s.path)]:
     return scope, ()
-  scope._populate_collections()  # pylint: disable=protected-access
+  scope._populate_collections()
   borrowed = _borrowed(scope)
   if not borrowed:
     return scope, ()
   new = scope.rewound()
   new.flags = freeze({k: v for k, v in scope.flags.items() if k != TIES_FLAG})
-  new._variables = {c: v for c, v in scope._variables.items()  # pylint: disable=protected-access
+  new._variables = {c: v for c, v in scope._variables.items()
                     if c not in borrowed}
   return new, borrowed
 
@@ -210,11 +212,11 @@ def without_borrowed(scope, lifted, inside=None):
 def _borrowed(scope) -> set[str]:
   """The collections ``scope``, a target, holds as its source's very dicts."""
   found = set()
-  for col, node in scope._variables.items():  # pylint: disable=protected-access
+  for col, node in scope._variables.items():
     tie = tie_at(scope, scope.path, col)
     if tie is not None:
       source, _ = reach(scope, tie.source)
-      if source is not None and source._collection(col) is node:  # pylint: disable=protected-access
+      if source is not None and source._collection(col) is node:
         found.add(col)
   return found
 
@@ -241,42 +243,40 @@ def _draws_copy(scope) -> bool:
           and found.form('params').at.get(scope.path) is not None)
 
 
-def tie_aware_partial_pack(original):
-  """``lift._partial_pack`` in which tie sources take part in the packing.
+class Packed:
+  """What ``lift._partial_pack`` packs beyond its scopes, when ties cross it.
 
   When a lifted scope contains a tied target whose source lies outside every
   lifted scope, the source's scope is packed as well, as the transform
   declares in ``tie_sources`` (:func:`lifted_sources`); inside, the target
   resolves to the inner source, so reads, writes and gradients reach the one
-  stored variable. The extra scopes are not visible to the transform:
-  ``scope_fn`` returns, and ``repack_fn`` takes, the scope tree it was given.
-  Without ties in force this is Flax's own ``_partial_pack``.
+  stored variable. ``scopes`` is what ``_partial_pack`` packs in place of its
+  scope tree; :meth:`wrap` makes its ``scope_fn`` and ``repack_fn`` take and
+  give the scope tree it was given, so the extra scopes stay out of the
+  transform's sight.
   """
-  @functools.wraps(original)
-  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
-                    rng_filters, name=None, tie_sources=None):
-    scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
-    if not any(TIES_FLAG in s.flags for s in scopes):
-      # Flax's own packing, and nothing of ties in its inner scopes: a tie
-      # declared inside the transform reaches only what is inside it.
-      return original(scope_tree, in_variable_filters, out_variable_filters,
-                      rng_filters, name)
-    for scope in scopes:  # what the scope sees from outside its root, too
-      for col in visible_collections(scope) - set(scope.root._variables):  # pylint: disable=protected-access
-        scope._collection(col)  # pylint: disable=protected-access
-    inside = [_ties_inside(s) for s in scopes]
-    extra = lifted_sources(scopes, name, tie_sources, inside)
-    lifted = scopes + [real for _, real, only, _ in extra if not only]
-    packed = [without_borrowed(s, lifted, ties)
-              for s, ties in zip(scopes, inside)]
-    reals = scopes + [real for _, real, _, _ in extra]
-    kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
-    scope_fn, repack_fn, *rest = original(
-        [s for s, _ in packed] + [s for s, _, _, _ in extra],
-        in_variable_filters, out_variable_filters, rng_filters, name)
 
+  def __init__(self, scope_tree, name, tie_sources):
+    scopes, self.treedef = jax.tree_util.tree_flatten(scope_tree)
+    for scope in scopes:  # what the scope sees from outside its root, too
+      for col in visible_collections(scope) - set(scope.root._variables):
+        scope._collection(col)
+    inside = [_ties_inside(s) for s in scopes]
+    self.extra = extra = lifted_sources(scopes, name, tie_sources, inside)
+    lifted = scopes + [real for _, real, only, _ in extra if not only]
+    self.packed = [without_borrowed(s, lifted, ties)
+                   for s, ties in zip(scopes, inside)]
+    self.scopes = [s for s, _ in self.packed] + [s for s, _, _, _ in extra]
+    self.reals = scopes + [real for _, real, _, _ in extra]
+    self.kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
+    self.name, self.tie_sources = name, tie_sources
+
+  def wrap(self, scope_fn, repack_fn):
+    """``(scope_fn, repack_fn)`` of the scopes packed, for the given tree."""
+    reals, treedef, extra = self.reals, self.treedef, self.extra
+    n = treedef.num_leaves
     # A target initializing its copy draws from fresh counters of its
-    # source's streams (ties._share_rngs); each branch of cond/switch builds
+    # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
     counters = [dict(s.rng_counters) if _draws_copy(s) else None
                 for s in reals]
@@ -284,15 +284,15 @@ def tie_aware_partial_pack(original):
 
     def tied_scope_fn(*args, **kwargs):
       inner = scope_fn(*args, **kwargs)
-      _link(reals, inner, name, tie_sources, kinds)
+      _link(reals, inner, self.name, self.tie_sources, self.kinds)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = dict(start)
       calls.append(None)
-      for (_, excluded), inner_scope in zip(packed, inner):
+      for (_, excluded), inner_scope in zip(self.packed, inner):
         for col in excluded:  # reach the inner source now, as pack would
-          inner_scope._collection(col)  # pylint: disable=protected-access
-      return treedef.unflatten(inner[:len(scopes)])
+          inner_scope._collection(col)
+      return treedef.unflatten(inner[:n])
 
     def tied_repack_fn(inner_scope_tree):
       inner = list(treedef.flatten_up_to(inner_scope_tree))
@@ -303,8 +303,20 @@ def tie_aware_partial_pack(original):
       # source's very collections (without_borrowed, or resolved inside).
       for inner_scope in inner if extra else ():
         for col in _borrowed(inner_scope):  # its source repacks them
-          del inner_scope._variables[col]  # pylint: disable=protected-access
+          del inner_scope._variables[col]
       return repack_fn(inner)
 
-    return (tied_scope_fn, tied_repack_fn, *rest)
-  return _partial_pack
+    return tied_scope_fn, tied_repack_fn
+
+
+def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
+  """What ``lift._partial_pack`` packs for ties crossing it, or None.
+
+  None where no scope of ``scope_tree`` has ties in force: Flax's own packing,
+  and nothing of ties in its inner scopes (a tie declared inside the
+  transform reaches only what is inside it).
+  """
+  if not any(TIES_FLAG in s.flags
+             for s in jax.tree_util.tree_leaves(scope_tree)):
+    return None
+  return Packed(scope_tree, name, tie_sources)

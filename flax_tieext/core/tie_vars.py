@@ -16,30 +16,27 @@
 
 A tie of one variable (``"head/kernel"``) leaves the module its own
 collection, in which that one name reads and writes the source variable
-(``flax.core.ties.TiedNames``, handed out by the ``_collection`` hooks).
-``Scope.variables()`` copies a scope's own dicts; :func:`tie_aware_variables`
-shows the tied names in it too, as their views give them.
+(``flax.core.ties.TiedNames``, which ``Scope._collection`` gives under
+ties). ``Scope.variables()`` copies a scope's own dicts; it passes them to
+:func:`tied_variables`, which shows the tied names in them too, as their
+views give them.
 """
 
 from __future__ import annotations
 
-import functools
-
 from flax.core.frozen_dict import FrozenDict, freeze
-from flax_tieext.core.ties import TIES_FLAG, TiedNames
+from flax_tieext.core.ties import TiedNames
 
 
-def tie_aware_variables(variables):
-  """``Scope.variables`` in which a tied variable is present, as in its view."""
-  @functools.wraps(variables)
-  def tied_variables(self):
-    if TIES_FLAG not in self.flags:
-      return variables(self)
-    found = variables(self)
-    views = {col: self._collection(col) for col in found}  # pylint: disable=protected-access
-    if not any(isinstance(v, TiedNames) for v in views.values()):
-      return found
-    out = {col: dict(v) if isinstance(v, TiedNames) else found[col]
-           for col, v in views.items()}
-    return freeze(out) if isinstance(found, FrozenDict) else out
-  return tied_variables
+def tied_variables(scope, variables):
+  """``variables`` of ``scope`` (ties in force), with its tied names in.
+
+  ``Scope.variables`` calls it on the scope's own dicts; a name a variable
+  tie targets is shown as its view gives it. A ``FrozenDict`` gives one.
+  """
+  views = {col: scope._collection(col) for col in variables}  # pylint: disable=protected-access
+  if not any(isinstance(v, TiedNames) for v in views.values()):
+    return variables
+  out = {col: dict(v) if isinstance(v, TiedNames) else variables[col]
+         for col, v in views.items()}
+  return freeze(out) if isinstance(variables, FrozenDict) else out

@@ -19,10 +19,11 @@ force live in the scope's ``flags`` (``tie_spec.InForce``), which Flax hands
 to every scope derived from it, so a tie is in force wherever its target is
 used. What they mean together is their normal form (``tie_spec.compose``),
 computed once per collection and looked up by path. One policy
-(:func:`resolve`) decides what Flax sees at a target, for module ties (the
-hooks on ``Scope._collection`` / ``_mutable_collection`` give a target scope
-its source's collection) and single tied variables (:class:`TiedNames`)
-alike.
+(:func:`resolve`) decides what Flax sees at a target, for module ties
+(``Scope._collection`` / ``_mutable_collection`` call :func:`collection`,
+which gives a target scope its source's collection) and single tied
+variables (:class:`TiedNames`) alike. ``Scope.push`` calls :func:`share_rngs`
+and ``Scope.param`` :func:`check_param`.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`). Lifted transforms take part through
@@ -32,18 +33,16 @@ source's variables, checked and dropped when the declaring call returns
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jax
+import numpy as np
 
-from flax import errors as flax_errors
 from flax.core import meta
 from flax.core.frozen_dict import FrozenDict, freeze
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
-    Form,
     InForce,
     Path,
     Tie,
@@ -56,6 +55,9 @@ from flax_tieext.core.tie_spec import (
     normalize,
     walk,
 )
+
+# Scope's privates are this module's to use, as lift.py uses them.
+# pylint: disable=protected-access
 
 TIES_FLAG = '__ties__'
 # On an inner root of a lifted transform: what it stands for, recorded by
@@ -115,7 +117,7 @@ def declare(scope, ties: Mapping[str, Any],
                   log=InitLog() if new_log else log)
     now.check(added)  # refuses a conflict where it is declared
     scope.flags = freeze({**scope.flags, TIES_FLAG: now})
-    _share_rngs(scope)
+    share_rngs(scope)
   return records
 
 
@@ -161,7 +163,7 @@ def reach(scope, path: Path, rngs: bool = False):
   """``(scope at path, transforms crossed)``, built with Flax's ``push``.
 
   The scope is pushed on a rewound copy (reserving no name), so ties on the
-  way are followed by the same hooks; it is built once per scope it starts
+  way are followed as ``Scope`` follows them; it is built once per scope it starts
   from and kept there (every target of one source reaches it again).
   """
   base, crossed = locate(scope, path, rngs)
@@ -181,14 +183,14 @@ def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
   base, _ = locate(scope, path)
   root = base and base.root
-  return root and walk(root._variables.get(col), path[len(root.path):])  # pylint: disable=protected-access
+  return root and walk(root._variables.get(col), path[len(root.path):])
 
 
 def visible_collections(scope) -> set[str]:
   """The collections of every root up the chain of lifted transforms."""
   found = set()
   while scope is not None:
-    found |= set(scope.root._variables)  # pylint: disable=protected-access
+    found |= set(scope.root._variables)
     lift = lift_record(scope)
     scope = lift and lift.outer
   return found
@@ -339,13 +341,13 @@ def viewed(tie: Tie, node):
                                 is_leaf=is_box)
 
 
-def _module_collection(scope, tie: Tie, col: str, write: bool, original):
+def _module_collection(scope, tie: Tie, col: str, write: bool):
   """The collection ``col`` of ``scope``, the target of a module tie."""
   base, crossed = locate(scope, tie.source)
   if base is None:
     raise _unreachable(scope, tie, col)
   # A final source lies below no target: its dicts are reached by name.
-  node = walk(base.root._variables.get(col), tie.source[len(base.root.path):])  # pylint: disable=protected-access
+  node = walk(base.root._variables.get(col), tie.source[len(base.root.path):])
   if node is not None and not isinstance(node, Mapping):
     raise tie_errors.kinds_differ(tie, col, target_is_module=True)
   # A source whose every variable is tied elsewhere stores nothing: the
@@ -355,7 +357,7 @@ def _module_collection(scope, tie: Tie, col: str, write: bool, original):
                 given=bool(stored(scope, scope.path, col)), crossed=crossed)
   if how == COPY:
     if col != 'params' and not write:
-      return original(scope, col)  # nothing of its own yet
+      return _untied(scope, col, write)  # nothing of its own yet
     own = _own(scope, col)  # checked and dropped by check_init
     _fill(own, node, tie)
     return own
@@ -364,22 +366,22 @@ def _module_collection(scope, tie: Tie, col: str, write: bool, original):
   if tie.view is not None:
     return viewed(tie, node)
   if write:
-    node = reach(scope, tie.source)[0]._mutable_collection(col)  # pylint: disable=protected-access
+    node = reach(scope, tie.source)[0]._mutable_collection(col)
   elif not node:
     return FrozenDict()  # a mutable collection the source has not written
-  scope._variables[col] = node  # pylint: disable=protected-access
+  scope._variables[col] = node
   return node
 
 
 def _own(scope, col: str):
   """The scope's own dict of ``col``, created where Flax creates it."""
   if scope.parent is None:
-    return scope._variables.setdefault(col, {})  # pylint: disable=protected-access
-  parent = scope.parent._mutable_collection(col)  # pylint: disable=protected-access
+    return scope._variables.setdefault(col, {})
+  parent = scope.parent._mutable_collection(col)
   if isinstance(parent, TiedNames):  # the copy is the parent's own entry
     parent = parent.own
   own = parent.setdefault(scope.name, {})
-  scope._variables[col] = own  # pylint: disable=protected-access
+  scope._variables[col] = own
   return own
 
 
@@ -412,7 +414,7 @@ class TiedNames(MutableMapping):
     parent, crossed = reach(scope, tie.source[:-1])
     if parent is None:
       raise _unreachable(scope, tie, col)
-    node = parent._collection(col)  # pylint: disable=protected-access
+    node = parent._collection(col)
     found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
     if isinstance(found, Mapping):
       return None  # a submodule: its own scope resolves the tie
@@ -421,7 +423,7 @@ class TiedNames(MutableMapping):
     if how == COPY and (write or found is None):
       return None  # the target's own copy, checked and dropped by check_init
     if write:
-      node = parent._mutable_collection(col)  # pylint: disable=protected-access
+      node = parent._mutable_collection(col)
     return node, tie.source[-1]
 
   def __getitem__(self, name):
@@ -461,7 +463,7 @@ class TiedNames(MutableMapping):
 
 
 # ---------------------------------------------------------------------------
-# Scope hooks (installed on flax.core.scope.Scope), one per method
+# What Scope's methods call when ties are in force (TIES_FLAG in its flags)
 # ---------------------------------------------------------------------------
 
 
@@ -474,20 +476,37 @@ def _check_present(scope, ties: InForce, col: str):
       raise tie_errors.collection_missing(tie, col, scope.path_text, given)
 
 
-def _tied_collection(scope, col: str, write: bool, original):
-  """``col`` of ``scope``, a scope under ties: its source's, or its own."""
+def _untied(scope, col: str, write: bool):
+  """``col`` as Flax finds it for ``scope`` (the ties of its parents followed)."""
+  if write:
+    return scope._mutable_collection(col, untied=True)
+  return scope._collection(col, untied=True)
+
+
+def collection(scope, col: str, write: bool = False):
+  """``Scope._collection`` of a scope with ties in force.
+
+  Where a module tie targets ``scope``, ``col`` is its source's
+  (:func:`resolve`); otherwise Flax's own (``untied=True``). Where variable
+  ties target names in it, those names are their sources' (:class:`TiedNames`).
+  With ``write``, this is ``Scope._mutable_collection``.
+  """
   ties = scope.flags[TIES_FLAG]
   form = ties.forms.get(col) or ties.form(col)
-  if col in scope._variables:  # pylint: disable=protected-access
-    node = original(scope, col)
+  if col in scope._variables:  # resolved before, or its own; a write to it
+    node = scope._variables[col]  # was checked by put_variable, as in Flax
   else:
     if (col in ties.named_collections
-        and col not in scope.root._variables  # pylint: disable=protected-access
+        and col not in scope.root._variables
         and not scope.is_mutable_collection(col)):
       _check_present(scope, ties, col)
     tie = form.at.get(scope.path)
-    node = (original(scope, col) if tie is None else
-            _module_collection(scope, tie, col, write, original))
+    if tie is not None:
+      node = _module_collection(scope, tie, col, write)
+    elif write:  # Flax's own (the ties of its parents followed)
+      node = scope._mutable_collection(col, untied=True)
+    else:
+      node = scope._collection(col, untied=True)
   named = form.named.get(scope.path)
   if not named:
     return node
@@ -496,80 +515,66 @@ def _tied_collection(scope, col: str, write: bool, original):
   return TiedNames(scope, col, node, named)
 
 
-def _collection_hook(write: bool):
-  def make(original):
-    @functools.wraps(original)
-    def collection(self, col):
-      if TIES_FLAG not in self.flags:
-        return original(self, col)
-      return _tied_collection(self, col, write, original)
-    return collection
-  return make
+def share_rngs(scope):
+  """Gives a module-level ``params`` target its source's rng streams.
 
-
-tie_aware_collection = _collection_hook(write=False)
-tie_aware_collection.__doc__ = (
-    '``Scope._collection`` that resolves ties (of modules and variables).')
-tie_aware_mutable_collection = _collection_hook(write=True)
-tie_aware_mutable_collection.__doc__ = (
-    '``Scope._mutable_collection`` that writes through ties.')
-
-
-def tie_aware_push(original):
-  """``Scope.push`` whose module-level ``params`` targets share rng streams."""
-  @functools.wraps(original)
-  def push(self, name=None, prefix='', reuse=False):
-    if TIES_FLAG not in self.flags:
-      return original(self, name, prefix, reuse)
-    child = original(self, name, prefix, reuse)
-    _share_rngs(child)
-    return child
-  return push
-
-
-def tie_aware_param(original):
-  """``Scope.param`` that checks a tied parameter against its target's init.
-
-  Under a tie, while initializing, a parameter read from its source must have
-  the shape and dtype the target's ``init_fn`` gives (through the view, for a
-  viewed tie); Flax's shape check, and a parameter not found in a target
-  whose tie names a collection nothing has, name the tie.
+  ``Scope.push`` calls it on each child with ties in force. The streams are
+  Flax's own, built by ``Scope.push`` at the source's path (inside
+  ``vmap``/``scan``, the source's lifted, split streams). While initializing
+  the counters start afresh, so that a copy the target initializes equals what
+  the source draws, and the source's own draws are left alone.
   """
-  @functools.wraps(original)
-  def param(self, name, init_fn, *init_args, **init_kwargs):
-    if TIES_FLAG not in self.flags:
-      return original(self, name, init_fn, *init_args, **init_kwargs)
-    target = self.path + (name,)
-    ties = self.flags[TIES_FLAG]
-    tie = (ties.forms.get('params') or ties.form('params')).covering(target)  # pylint: disable=protected-access
-    # While initializing, a parameter a target reads from its source is
-    # checked against what the target's own init_fn gives (Flax checks the
-    # shape only; at apply, as in Flax, dtypes are the caller's).
-    made = []
+  ties = scope.flags[TIES_FLAG]
+  tie = ties.form('params').at.get(scope.path)
+  source = None if tie is None or tie.view is not None else reach(
+      scope, tie.source, rngs=True)[0]
+  if source is not None:
+    scope.rngs = source.rngs
+    scope.rng_counters = ({k: 0 for k in source.rngs}
+                          if ties.log is not None  # initializing
+                          else source.rng_counters)
 
-    def recorded(*args, **kwargs):
-      out = init_fn(*args, **kwargs)
-      made.append(out)
-      return out
 
-    check = tie is not None and ties.log is not None  # initializing
-    try:
-      value = original(self, name, recorded if check else init_fn,  # pytype: disable=wrong-arg-types
-                       *init_args, **init_kwargs)
-    except flax_errors.ScopeParamShapeError:
-      if tie is not None:
-        init_kwargs.pop('unbox', None)
-        _check_param(self, tie, target, jax.eval_shape(
-            lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs)))
-      raise
-    except (flax_errors.ScopeParamNotFoundError,
-            flax_errors.ScopeCollectionNotFound):
-      _refuse_unknown_collection(self, target)
-      raise
-    if made and not _alike(made[0], value):
-      _check_param(self, tie, target, made[0])
-    return value
-  return param
+def check_param(scope, name: str, value, abs_value):
+  """``Scope.param`` found ``name`` stored: a tied one must be like its init.
+
+  ``abs_value`` is what the target's ``init_fn`` gives. Under a tie, while
+  initializing, a parameter read from its source must have that shape and
+  dtype (through the view, for a viewed tie); at apply, as in Flax, only the
+  shape (dtypes are the caller's). The TieError names the tie.
+  """
+  if value is abs_value:  # what init_fn gave, just stored
+    return
+  ties = scope.flags[TIES_FLAG]
+  target = scope.path + (name,)
+  tie = (ties.forms.get('params') or ties.form('params')).covering(target)
+  if tie is None or _alike(abs_value, value):
+    return
+  if ties.log is None and all(
+      np.shape(v) == np.shape(a) for v, a in zip(
+          jax.tree_util.tree_leaves(value), jax.tree_util.tree_leaves(abs_value))):
+    return  # another dtype at apply: the caller's
+  check_like(dataclasses.replace(
+      tie, target=target, source=tie.source + target[len(tie.target):]),
+             'params', scope.get_variable('params', name), abs_value)
+
+
+def refuse_unknown_collection(scope, name: str):
+  """``Scope.param`` found no ``name``: a tie naming a collection nothing has.
+
+  Raises the TieError that names it, where a tie covering the parameter names
+  a collection that no scope has and one that is there is spelled alike.
+  """
+  path = scope.path + (name,)
+  given = visible_collections(scope)
+  for tie in ties_in_force(scope):
+    if not is_within(path, tie.target):
+      continue
+    for col in named_collections(tie.collections):
+      if (col not in given and not scope.is_mutable_collection(col)
+          and tie_errors.did_you_mean(col, given)):
+        raise tie_errors.collection_unknown(
+            tie, col, given, held_elsewhere(scope, tie.target, col))
 
 
 def _alike(a, b) -> bool:
@@ -590,46 +595,6 @@ def _aval(x):
     x = x.unbox()
   aval = getattr(x, 'aval', None)
   return x if aval is None else aval
-
-
-def _check_param(scope, tie: Tie, target: Path, own):
-  """A tied parameter must be like the target's own (shape and dtype)."""
-  check_like(dataclasses.replace(
-      tie, target=target, source=tie.source + target[len(tie.target):]),
-             'params', scope.get_variable('params', target[-1]), own)
-
-
-def _refuse_unknown_collection(scope, path: Path):
-  """A parameter not found under a tie whose collection nothing has."""
-  given = visible_collections(scope)
-  for tie in ties_in_force(scope):
-    if not is_within(path, tie.target):
-      continue
-    for col in named_collections(tie.collections):
-      if (col not in given and not scope.is_mutable_collection(col)
-          and tie_errors.did_you_mean(col, given)):
-        raise tie_errors.collection_unknown(
-            tie, col, given, held_elsewhere(scope, tie.target, col))
-
-
-def _share_rngs(scope):
-  """Gives a module-level ``params`` target its source's rng streams.
-
-  They are Flax's own, built by ``Scope.push`` at the source's path (inside
-  ``vmap``/``scan``, the source's lifted, split streams). While initializing
-  the counters start afresh, so that a copy the target initializes equals what
-  the source draws, and the source's own draws are left alone. ``scope`` has
-  ties in force.
-  """
-  ties = scope.flags[TIES_FLAG]
-  tie = ties.form('params').at.get(scope.path)
-  source = None if tie is None or tie.view is not None else reach(
-      scope, tie.source, rngs=True)[0]
-  if source is not None:
-    scope.rngs = source.rngs
-    scope.rng_counters = ({k: 0 for k in source.rngs}
-                          if ties.log is not None  # initializing
-                          else source.rng_counters)
 
 
 # ---------------------------------------------------------------------------
@@ -685,7 +650,7 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
   key = (tie.source, col)
   if key not in sources:
     source_scope, crossed = reach(scope, tie.source)
-    source = source_scope and source_scope._collection(col)  # pylint: disable=protected-access
+    source = source_scope and source_scope._collection(col)
     if isinstance(source, Mapping) and not source:
       source = None
     sources[key] = source, crossed, None
@@ -723,7 +688,7 @@ def _drop(scope, path: Path, col: str):
   and outside, where the outer transform keeps it.
   """
   if path == scope.root.path:
-    scope.root._variables.pop(col, None)  # pylint: disable=protected-access
+    scope.root._variables.pop(col, None)
   for end in range(len(path), 0, -1):
     if end < len(path) and stored(scope, path[:end], col):
       break

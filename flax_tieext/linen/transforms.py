@@ -43,6 +43,9 @@ from flax_tieext.core import lift
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
 
+# As in Flax's linen/transforms.py:
+# pylint: disable=protected-access
+
 # ---------------------------------------------------------------------------
 # section: checkpoint (static_argnames)
 # ---------------------------------------------------------------------------
@@ -69,7 +72,7 @@ def _checkpoint_lift_transform(
 
   @functools.wraps(core_transform)
   def transform(fn, statics, **kwargs):
-    return lift._checkpoint(fn, statics, **kwargs)  # pylint: disable=protected-access
+    return lift._checkpoint(fn, statics, **kwargs)
 
   def resolve(fn, nums, names, index=first_index, name=transform_name):
     return _static_args.StaticArgs(
