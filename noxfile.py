@@ -83,7 +83,8 @@ CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 # Tests of the docs and the demo, not of the library: they run pasted examples
 # and the demo's training loop in fresh interpreters, and the docs describe
 # the newest Flax. They take a third of our suite's time, so the matrix runs
-# them on the newest release only (the README run has them on its own).
+# them on the newest release only, and `nox -s ci` leaves them to the README
+# run.
 NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
 # The tie property test (tests/test_tie_properties.py) draws 8 examples; the
 # newest release's matrix session draws this many.
@@ -318,26 +319,46 @@ def bench(session):
   session.run('python', 'benchmarks/render.py')
 
 
+# What the releases between the oldest and the newest run of our suite in
+# `nox -s ci`: the tests whose subject is the release (the patch installed
+# into it and its transparency, the Flax-style tests of every feature, ties
+# through its lifted transforms, its remat signatures, its NNX), matched by
+# module name with `pytest -k`. The rest of the tie and static-argument
+# suites, whose subject is our own resolution logic, runs on the oldest, the
+# README's and the newest release; `nox -s "matrix(<release>)"` by hand runs it
+# all.
+MIDDLE_RELEASE_TESTS = ('upstream', 'test_patch', 'test_transparency', 'test_testing_autopatch',
+                        'test_static_argnames_compat', 'test_nnx', 'test_tie_lifting')
+
+
 @nox.session(python=False)
 def ci(session):
   """Everything .ci/run runs after the README test command (CI_SESSIONS)."""
   # The README test command, just run by .ci/run in the environment nox runs
   # from, is our suite patched on that environment's Flax: where that is a
   # release of the matrix with its pins, its matrix run adds the opted-out
-  # half only.
+  # half only, and the newest release's matrix run leaves the tests of the
+  # docs and the demo (NEWEST_ONLY) to it.
   #
-  # To keep CI within its budget, the releases between the oldest and the
-  # newest run the opted-out half only for the tie regression tests (marked
-  # installs_patch: they install the patch themselves), and leave the
-  # differential harness to the oldest and newest (and the README run);
-  # `nox -s "matrix(<release>)"` by hand runs it all.
+  # To keep CI within its budget, the other releases run the opted-out half
+  # only for the tie regression tests (marked installs_patch: they install
+  # the patch themselves), the releases between the oldest and the newest run
+  # MIDDLE_RELEASE_TESTS only, and the differential harness is left to the
+  # oldest and newest (and the README run).
   readme_release = _release_of_this_environment()
   inner = [f'matrix({v})' for v in RELEASES[1:-1] if v != readme_release]
+  middle = ' or '.join((*MIDDLE_RELEASE_TESTS, 'installs_patch'))
   for name in CI_SESSIONS:
-    posargs = (['-k', 'opted-out'] if name == f'matrix({readme_release})' else
-               ['-k', '(not opted-out or installs_patch) and not test_differential']
-               if name in inner else
-               ['--reuse-html'] if name == 'screenshots' else None)
+    if name == f'matrix({readme_release})':
+      posargs = ['-k', 'opted-out']
+    elif name in inner:
+      posargs = ['-k', f'(not opted-out or installs_patch) and ({middle})']
+    elif name.startswith('matrix('):
+      posargs = ['-k', 'not opted-out or installs_patch']
+      if name == f'matrix({NEWEST})' and readme_release:
+        posargs += [f'--ignore={p}' for p in NEWEST_ONLY]
+    else:
+      posargs = ['--reuse-html'] if name == 'screenshots' else None
     session.notify(name, posargs)
 
 

@@ -120,3 +120,11 @@ def test_a_session_whose_python_is_missing_fails_saying_how_to_get_it(tmp_path):
   assert f'Flax {flax} is tested on Python {python}, which is not here' in output, output
   assert f'pyenv install {python}' in output, output
   assert f'Session matrix({flax}) aborted' in output, output  # nox's word for failed
+
+
+def test_each_test_module_the_middle_releases_run_exists():
+  """A misspelt entry of MIDDLE_RELEASE_TESTS would silently select nothing in CI."""
+  modules = [str(p.relative_to(ROOT)) for p in (ROOT / 'tests').rglob('test_*.py')]
+  modules += [str(p.relative_to(ROOT)) for p in (ROOT / 'tests' / 'upstream').glob('*.py')]
+  for name in _noxfile_assignment('MIDDLE_RELEASE_TESTS'):
+    assert any(name in m for m in modules), name

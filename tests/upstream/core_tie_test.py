@@ -826,3 +826,201 @@ class LiftTieTest(parameterized.TestCase):
         r' tie /decode/kernel -> /encode/kernel \(viewed\)(.|\n)*Write to the'
         ' source /encode/kernel instead'):
       apply(tied, mutable='params')(variables, x, write=True)
+
+
+class LiftedTieTest(parameterized.TestCase):
+  """Ties through lifted transforms (`pack(..., tie_sources=...)`), in core."""
+
+  @staticmethod
+  def dense(scope, x):
+    return nn.dense(scope, x, 3)
+
+  @staticmethod
+  def counter(scope, x):
+    # The outputs depend on the order of the calls: state counts them.
+    count = scope.variable('state', 'count', jnp.zeros, ())
+    if scope.is_mutable_collection('state'):
+      count.value = 2 * count.value + 1
+    return nn.dense(scope, x, 3) * count.value
+
+  @staticmethod
+  def jit(f):
+    # lift.jit passes its caller's hash key (Linen: the module's) to `f`.
+    jitted = lift.jit(lambda scope, _, x: f(scope, x))
+    return lambda scope, x: jitted(scope, 'layer', x)
+
+  @staticmethod
+  def scan(f):
+    # Three steps of `f`, its variables broadcast into every step.
+    scanned = lift.scan(lambda scope, c, _: (jnp.tanh(f(scope, c)), None),
+                        variable_broadcast='params',
+                        split_rngs={'params': False}, length=3)
+    return lambda scope, x: scanned(scope, x, None)[0]
+
+  @staticmethod
+  def cond(f):
+    return lambda scope, x: lift.cond(True, f, f, scope, x)
+
+  # Each transform wraps the second use; its source, the first, is outside.
+  TRANSFORMS = (
+      ('remat', lambda f: lift.remat(f)),
+      ('checkpoint_no_rngs', lambda f: lift.checkpoint(f, rngs=False)),
+      ('jit', lambda f: LiftedTieTest.jit(f)),
+      ('vmap', lambda f: lift.vmap(
+          f, variable_axes={'params': None}, split_rngs={'params': False})),
+      ('scan', lambda f: LiftedTieTest.scan(f)),
+      ('cond', lambda f: LiftedTieTest.cond(f)),
+  )
+
+  @classmethod
+  def layers(cls, scope, x, transform, layer=None, shared=False):
+    # `b` is the second use of `a` (shared), or a module of its own.
+    layer = layer or cls.dense
+    a = scope.push('a')
+    b = a if shared else scope.push('b')
+    h = jnp.tanh(layer(a.rewound(), x))
+    return transform(layer)(b.rewound(), h)
+
+  def assert_trees_close(self, actual, expected):
+    self.assertEqual(jax.tree_util.tree_structure(actual),
+                     jax.tree_util.tree_structure(expected))
+    jax.tree_util.tree_map(
+        lambda a, e: np.testing.assert_allclose(a, e, rtol=1e-6), actual,
+        expected)
+
+  @parameterized.named_parameters(*TRANSFORMS)
+  def test_source_outside_the_transform_is_one_module_called_twice(
+      self, transform):
+    x = random.normal(random.key(0), (2, 3))
+    tied = lift.tie(
+        lambda scope, x: self.layers(scope, x, transform), {'b': 'a'})
+    shared = lambda scope, x: self.layers(scope, x, transform, shared=True)
+    y, variables = init(tied)(random.key(1), x)
+    expected_y, expected = init(shared)(random.key(1), x)
+    self.assertEqual(set(variables['params']), {'a'})
+    self.assert_trees_close(variables, expected)
+    np.testing.assert_allclose(y, expected_y, rtol=1e-6)
+    np.testing.assert_allclose(apply(tied)(variables, x), y, rtol=1e-6)
+    grads = jax.grad(lambda v: apply(tied)(v, x).sum())(variables)
+    expected_grads = jax.grad(lambda v: apply(shared)(v, x).sum())(variables)
+    self.assert_trees_close(grads, expected_grads)
+
+  @parameterized.named_parameters(
+      ('remat', lambda f: lift.remat(f, variables=True)),
+      ('jit', lambda f: LiftedTieTest.jit(f)),
+  )
+  def test_writes_inside_the_transform_land_in_the_source_in_order(
+      self, transform):
+    x = random.normal(random.key(0), (2, 3))
+
+    def model(scope, x, shared=False):
+      return self.layers(scope, x, transform, self.counter, shared)
+
+    tied = lift.tie(model, {'b': 'a'}, collections=['params', 'state'])
+    shared = lambda scope, x: model(scope, x, shared=True)
+    _, variables = init(tied)(random.key(1), x)
+    _, expected = init(shared)(random.key(1), x)
+    self.assertEqual(set(variables['state']), {'a'})
+    self.assert_trees_close(variables, expected)
+    y, state = apply(tied, mutable='state')(variables, x)
+    expected_y, expected_state = apply(shared, mutable='state')(expected, x)
+    np.testing.assert_allclose(y, expected_y, rtol=1e-6)
+    self.assert_trees_close(state, expected_state)
+    self.assertEqual(float(state['state']['a']['count']), 15.0)  # 2 calls
+
+  def test_source_outside_vmap_is_a_broadcast_value(self):
+    x = random.normal(random.key(0), (4, 3))
+    vmap = lambda f: lift.vmap(f, variable_axes={'params': None},
+                               split_rngs={'params': False})
+    tied = lift.tie(lambda scope, x: self.layers(scope, x, vmap), {'b': 'a'})
+    _, variables = init(tied)(random.key(1), x)
+    kernel = variables['params']['a']['kernel']
+    self.assertEqual(kernel.shape, (3, 3))  # not mapped
+    y = apply(tied)(variables, x)
+    h = jnp.tanh(x @ kernel + variables['params']['a']['bias'])
+    np.testing.assert_allclose(
+        y, h @ kernel + variables['params']['a']['bias'], rtol=1e-6)
+
+  def test_source_outside_scan_is_broadcast_into_every_step(self):
+    x = random.normal(random.key(0), (2, 3))
+    tied = lift.tie(
+        lambda scope, x: self.layers(scope, x, self.scan), {'b': 'a'})
+    _, variables = init(tied)(random.key(1), x)
+    params = variables['params']['a']
+    self.assertEqual(params['kernel'].shape, (3, 3))  # not stacked
+    h = jnp.tanh(x @ params['kernel'] + params['bias'])
+    for _ in range(3):
+      h = jnp.tanh(h @ params['kernel'] + params['bias'])
+    np.testing.assert_allclose(apply(tied)(variables, x), h, rtol=1e-5)
+
+  # A source outside vmap or scan is a read-only value: it runs first (the
+  # TieError says so); one outside a transform without rngs cannot draw.
+  @parameterized.named_parameters(*(t for t in TRANSFORMS if t[0] in (
+      'remat', 'jit', 'cond')))
+  def test_init_does_not_depend_on_which_use_runs_first(self, transform):
+    x = random.normal(random.key(0), (2, 3))
+
+    def model(scope, x, target_first):
+      a, b = scope.push('a'), scope.push('b')
+      if target_first:  # the target, inside the transform, runs first
+        h = transform(self.dense)(b.rewound(), x)
+        return self.dense(a.rewound(), jnp.tanh(h))
+      h = self.dense(a.rewound(), x)
+      return transform(self.dense)(b.rewound(), jnp.tanh(h))
+
+    tied = lift.tie(model, {'b': 'a'})
+    _, source_first = init(tied)(random.key(1), x, False)
+    _, target_first = init(tied)(random.key(1), x, True)
+    self.assertEqual(set(target_first['params']), {'a'})
+    self.assert_trees_close(target_first, source_first)
+
+  def test_a_transform_that_declares_nothing_refuses_a_crossing_tie(self):
+    def declares_nothing(fn):
+      def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
+        scope = scope_fn(variable_groups, rng_groups)
+        return fn(scope, *args), repack_fn(scope)
+      return lift.pack(inner, (True,), (True,), (True,), name='my_transform')
+
+    x = random.normal(random.key(0), (2, 3))
+    tied = lift.tie(
+        lambda scope, x: self.layers(scope, x, declares_nothing), {'b': 'a'})
+    with self.assertRaisesRegex(
+        errors.TieError,
+        r"target of the tie /b -> /a(.|\n)*inside the lifted transform"
+        r" 'my_transform'(.|\n)*does not declare what it does with a tie"
+        r' source outside it(.|\n)*Declare the tie inside the transform'):
+      init(tied)(random.key(1), x)
+
+  def test_a_tie_declared_inside_the_transform_reaches_only_inside(self):
+    x = random.normal(random.key(0), (2, 3))
+
+    def inner(scope, x):
+      return self.layers(scope, x, lambda f: f)
+
+    def model(scope, x, shared=False):
+      tied = inner if shared else lift.tie(inner, {'b': 'a'})
+      wrapped = lift.remat(
+          (lambda s, x: self.layers(s, x, lambda f: f, shared=True))
+          if shared else tied)
+      return scope.child(wrapped, 'm')(x)
+
+    y, variables = init(model)(random.key(1), x)
+    expected_y, expected = init(model)(random.key(1), x, True)
+    self.assertEqual(set(variables['params']['m']), {'a'})
+    self.assert_trees_close(variables, expected)
+    np.testing.assert_allclose(y, expected_y, rtol=1e-6)
+
+  def test_without_ties_pack_is_flax_own(self):
+    scope_flags = []
+
+    def probe(scope, x):
+      scope_flags.append(dict(scope.flags))
+      return self.dense(scope, x)
+
+    x = random.normal(random.key(0), (2, 3))
+    init(lambda scope, x: scope.child(lift.remat(probe), 'a')(x))(
+        random.key(1), x)
+    self.assertTrue(scope_flags)
+    for flags in scope_flags:
+      self.assertNotIn(ties.LIFT_FLAG, flags)
+      self.assertNotIn(ties.TIES_FLAG, flags)
