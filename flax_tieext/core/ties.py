@@ -493,20 +493,16 @@ def collection(scope, col: str, write: bool = False):
   """
   ties = scope.flags[TIES_FLAG]
   form = ties.forms.get(col) or ties.form(col)
-  if col in scope._variables:  # resolved before, or its own; a write to it
-    node = scope._variables[col]  # was checked by put_variable, as in Flax
+  if col in scope._variables:  # resolved before, or its own (Flax's callers
+    node = scope._variables[col]  # check that a write may land, first)
   else:
     if (col in ties.named_collections
         and col not in scope.root._variables
         and not scope.is_mutable_collection(col)):
       _check_present(scope, ties, col)
     tie = form.at.get(scope.path)
-    if tie is not None:
-      node = _module_collection(scope, tie, col, write)
-    elif write:  # Flax's own (the ties of its parents followed)
-      node = scope._mutable_collection(col, untied=True)
-    else:
-      node = scope._collection(col, untied=True)
+    node = (_untied(scope, col, write) if tie is None else
+            _module_collection(scope, tie, col, write))
   named = form.named.get(scope.path)
   if not named:
     return node
