@@ -312,8 +312,11 @@ def sort_imports(source: str) -> str:
 
 
 def module_disables(source: str, ours: str) -> str:
-  """A new module's import block followed by our module's own module-wide
-  ``# pylint: disable=`` comment (as Flax's ``linen/module.py`` has one)."""
+  """``source``, a new module, with our module's module-wide disable after its imports.
+
+  That is the ``# pylint: disable=`` line at column 0 of ``ours`` and the
+  comment above it, placed as Flax's ``linen/module.py`` places its own.
+  """
   lines = (ROOT / _path(ours)).read_text().split('\n')
   at = next((i for i, l in enumerate(lines) if l.startswith('# pylint: disable=')), None)
   if at is None or '# pylint: disable=' in source:
@@ -392,14 +395,19 @@ def add_imports(source: str, defs: list[Def], dest: str, tree: pathlib.Path) -> 
   return source
 
 
+def _in_pristine(tree: pathlib.Path, pristine: str, path: str) -> bool:
+  """Whether Flax has ``path`` before the series (at the tree's first commit)."""
+  return not subprocess.run(['git', 'cat-file', '-e', f'{pristine}:{path}'], cwd=tree,
+                            capture_output=True).returncode
+
+
 def add_edit_imports(path: pathlib.Path, new: str, tree: pathlib.Path, pristine: str) -> None:
   """Imports the ``flax.core`` modules of the series that an edit's ``new`` text calls into."""
   source = path.read_text()
   for name in sorted(set(re.findall(r'\b([a-z_]+)\.[A-Za-z_]', new))):
     module = f'flax/core/{name}.py'
-    if ((tree / module).exists() and name not in _bound(source) and subprocess.run(
-        ['git', 'cat-file', '-e', f'{pristine}:{module}'], cwd=tree,
-        capture_output=True).returncode):
+    if ((tree / module).exists() and name not in _bound(source)
+        and not _in_pristine(tree, pristine, module)):
       source = _insert_import(source, f'from flax.core import {name}', str(path.relative_to(tree)))
   path.write_text(source)
 
@@ -433,9 +441,7 @@ def apply_pr(pr: PR, taken: set, tree: pathlib.Path) -> None:
                     ' does not exist')
     by_dest.setdefault(str(_path(TESTS[stem])), []).extend(found)
   pristine_commit = git(tree, 'rev-list', '--max-parents=0', 'HEAD', capture=True).strip()
-  new = {dest for dest in by_dest if subprocess.run(
-      ['git', 'cat-file', '-e', f'{pristine_commit}:{dest}'], cwd=tree,
-      capture_output=True).returncode}
+  new = {dest for dest in by_dest if not _in_pristine(tree, pristine_commit, dest)}
   for dest, defs in by_dest.items():
     path = tree / dest
     if not path.exists():
