@@ -20,6 +20,8 @@
 # with the series applied. Only this import block stays behind.
 
 
+import itertools
+
 from absl.testing import parameterized
 import jax
 from jax import numpy as jnp
@@ -86,6 +88,47 @@ class TieSpecTest(parameterized.TestCase):
     np.testing.assert_array_equal(resolved[('c',)].view(x), double(shift(x)))
     np.testing.assert_array_equal(resolved[('d',)].view(x), double(shift(x)))
     self.assertIs(resolved[('b',)].view, shift)
+
+  def test_stacked_declarations_compose_alike_in_every_order(self):
+    # A chain over two declarations (c -> b -> a), a tied child of its end
+    # (a/d), carried over to every target of the chain, and a tie into a
+    # target (e/k -> c/k), which resolves through it.
+    declared = [
+        *tie_spec.normalize({'c': 'b'}, 'params', ()),
+        *tie_spec.normalize({'b': 'a'}, 'params', ()),
+        *tie_spec.normalize({'a/d': 'x/d'}, 'params', ()),
+        *tie_spec.normalize({'e/k': 'c/k'}, 'params', ()),
+    ]
+    forms = {tuple((t.target, t.source) for t in tie_spec.compose(order))
+             for order in itertools.permutations(declared)}
+    self.assertLen(forms, 1)
+    self.assertEqual(dict(forms.pop()), {
+        ('a', 'd'): ('x', 'd'), ('b',): ('a',), ('b', 'd'): ('x', 'd'),
+        ('c',): ('a',), ('c', 'd'): ('x', 'd'), ('e', 'k'): ('a', 'k')})
+
+  def test_a_target_modules_own_tie_is_followed_first(self):
+    # b -> a, and b itself declares d -> ../x: the longest prefix wins, so
+    # b/d is x, and the rest of b is a's.
+    resolved = tie_spec.compose((
+        *tie_spec.normalize({'b': 'a'}, 'params', ()),
+        *tie_spec.normalize({'d': '../x'}, 'params', ('b',))))
+    self.assertEqual({t.target: t.source for t in resolved},
+                     {('b',): ('a',), ('b', 'd'): ('x',)})
+    form = tie_spec.Form(resolved)
+    self.assertEqual(form.covering(('b', 'd', 'kernel')).source, ('x',))
+    self.assertEqual(form.covering(('b', 'e', 'kernel')).source, ('a',))
+    self.assertEqual(form.covering(('b', 'd')).target, ('b', 'd'))
+    self.assertIsNone(form.covering(('a', 'kernel')))
+
+  def test_two_declared_sources_of_one_target_are_refused_in_every_order(self):
+    declared = [*tie_spec.normalize({'c': 'a'}, 'params', ()),
+                *tie_spec.normalize({'c': 'b'}, 'params', ())]
+    for order in itertools.permutations(declared):
+      with self.assertRaisesRegex(
+          errors.TieError,
+          r'/c is given two sources: /a \(the tie /c -> /a(.|\n)*and /b'
+          r' \(the tie /c -> /b(.|\n)*whatever the order'):
+        tie_spec.compose(order)
 
   @parameterized.named_parameters(
       ('itself', {'b': './b'},
