@@ -261,9 +261,11 @@ def distributed(session):
   # it beside tests/distributed would collect it once, ignored. One pytest
   # worker: each test starts 2 processes of its own, and the long tests share
   # one job.
+  # Arguments replace what it runs (`nox -s ci` leaves the default run to the
+  # README run, which has it).
   default_run = sorted(str(p) for p in (ROOT / 'tests' / 'distributed').glob('test_*.py'))
-  _pytest(session, 'distributed', '-n', '0', 'tests/distributed/long', *default_run,
-          *session.posargs)
+  _pytest(session, 'distributed', '-n', '0',
+          *(session.posargs or ['tests/distributed/long', *default_run]))
 
 
 # -- patches/main: the upstream PR series (tools/upstream.py) -------------------
@@ -354,7 +356,8 @@ def ci(session):
   # only for the tie regression tests (marked installs_patch: they install
   # the patch themselves), the releases between the oldest and the newest run
   # MIDDLE_RELEASE_TESTS only, and the differential harness is left to the
-  # oldest and newest (and the README run).
+  # oldest and newest (and the README run), as the tests/distributed default
+  # run is to the README run.
   readme_release = _release_of_this_environment()
   inner = [f'matrix({v})' for v in RELEASES[1:-1] if v != readme_release]
   middle = ' or '.join((*MIDDLE_RELEASE_TESTS, 'installs_patch'))
@@ -367,6 +370,8 @@ def ci(session):
       posargs = ['-k', 'not opted-out or installs_patch']
       if name == f'matrix({NEWEST})' and readme_release:
         posargs += [f'--ignore={p}' for p in NEWEST_ONLY]
+    elif name == 'distributed' and readme_release:
+      posargs = ['tests/distributed/long']
     else:
       posargs = ['--reuse-html'] if name == 'screenshots' else None
     session.notify(name, posargs)
