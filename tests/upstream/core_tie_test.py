@@ -114,11 +114,16 @@ class TieSpecTest(parameterized.TestCase):
         *tie_spec.normalize({'d': '../x'}, 'params', ('b',))))
     self.assertEqual({t.target: t.source for t in resolved},
                      {('b',): ('a',), ('b', 'd'): ('x',)})
-    form = tie_spec.Form(resolved)
-    self.assertEqual(form.covering(('b', 'd', 'kernel')).source, ('x',))
-    self.assertEqual(form.covering(('b', 'e', 'kernel')).source, ('a',))
-    self.assertEqual(form.covering(('b', 'd')).target, ('b', 'd'))
-    self.assertIsNone(form.covering(('a', 'kernel')))
+
+  def test_views_compose_alike_in_every_order_of_declaration(self):
+    double, shift = (lambda v: 2 * v), (lambda v: v + 1)
+    declared = [*tie_spec.normalize({'c': ('b', double)}, 'params', ()),
+                *tie_spec.normalize({'b': ('a', shift)}, 'params', ())]
+    x = np.arange(3.0)
+    for order in itertools.permutations(declared):
+      resolved = {t.target: t for t in tie_spec.compose(order)}
+      self.assertEqual(resolved[('c',)].source, ('a',))
+      np.testing.assert_array_equal(resolved[('c',)].view(x), double(shift(x)))
 
   def test_two_declared_sources_of_one_target_are_refused_in_every_order(self):
     declared = [*tie_spec.normalize({'c': 'a'}, 'params', ()),
