@@ -256,8 +256,8 @@ class Packed:
   transform's sight.
   """
 
-  def __init__(self, scope_tree, name, tie_sources):
-    scopes, self.treedef = jax.tree_util.tree_flatten(scope_tree)
+  def __init__(self, scopes, treedef, name, tie_sources):
+    self.treedef = treedef
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):
         scope._collection(col)
@@ -316,7 +316,7 @@ def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
   and nothing of ties in its inner scopes (a tie declared inside the
   transform reaches only what is inside it).
   """
-  if not any(TIES_FLAG in s.flags
-             for s in jax.tree_util.tree_leaves(scope_tree)):
+  scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
+  if not any(TIES_FLAG in s.flags for s in scopes):
     return None
-  return Packed(scope_tree, name, tie_sources)
+  return Packed(scopes, treedef, name, tie_sources)
