@@ -45,7 +45,7 @@ reverse order too, unless a single variable is tied or the sites use
 from its source's rng streams, see docs/design.md).
 
 ``TIE_PROPERTY_EXAMPLES`` sets the number of examples (8; the newest
-release's ``nox -s matrix`` session draws 40).
+release's ``nox -s matrix`` session draws 20).
 """
 
 import functools
