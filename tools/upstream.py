@@ -206,7 +206,7 @@ def reach(pr: PR, taken: set) -> list[Def]:
   """``pr``'s roots and the definitions of ours they reach that no earlier PR took."""
   todo, mine = [*map(tuple, pr.roots)], []
   while todo:
-    module, name = key = todo.pop()
+    module, name = todo.pop()
     if module.split('.')[1].startswith('_') or module.startswith('flax_tieext.testing'):
       raise Error(f'{name} of {module} is reached, but that module is plugin-only:'
                   ' Flax has no counterpart for it')
