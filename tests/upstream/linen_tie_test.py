@@ -597,6 +597,55 @@ class TieVariablesTest(parameterized.TestCase):
     jax.tree.map(np.testing.assert_allclose, tied['params']['a'],
                  jax.tree.map(by_hand, params['a'], params['b']))
 
+  @parameterized.named_parameters(('equal', None), ('mean', 'mean'))
+  def test_conversion_stays_on_the_devices_and_keeps_each_sharding(
+      self, merge):
+    # Each leaf split over every device there is. The conversions compute on
+    # the devices: each leaf keeps its sharding, and no array goes through
+    # the host (the transfer guard refuses its way back to the devices, and
+    # on an accelerator its way out; it does not watch reads of CPU arrays).
+    n = jax.device_count()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ('model',))
+    model = TieTest.Stack(features=(2 * n, 2 * n))
+    x = random.normal(random.key(0), (2, 2 * n))
+    checkpoint = model.init(random.key(1), x)
+    if merge is None:  # an untied checkpoint trained with b kept equal to a
+      checkpoint['params']['b'] = checkpoint['params']['a']
+    spec = lambda v: jax.sharding.PartitionSpec(*[None] * (v.ndim - 1), 'model')
+    checkpoint = jax.tree.map(
+        lambda v: jax.device_put(v, jax.sharding.NamedSharding(mesh, spec(v))),
+        checkpoint)
+    with jax.transfer_guard('disallow'):
+      tied = tie_convert.tie_variables(checkpoint, {'b': 'a'}, merge=merge)
+      untied = tie_convert.untie_variables(tied, {'b': 'a'})
+    sharding = lambda v: v.sharding
+    self.assertEqual(jax.tree.map(sharding, tied['params']['a']),
+                     jax.tree.map(sharding, checkpoint['params']['a']))
+    self.assertEqual(jax.tree.map(sharding, untied),
+                     jax.tree.map(sharding, checkpoint))
+    params = checkpoint['params']
+    expected = params['a'] if merge is None else jax.tree.map(
+        lambda a, b: (a + b) / 2, params['a'], params['b'])
+    jax.tree.map(np.testing.assert_allclose, tied['params']['a'], expected)
+    jax.tree.map(np.testing.assert_allclose, untied['params']['b'], expected)
+
+  def test_a_stacks_copies_gain_an_unsharded_leading_axis(self):
+    ties_ = {'stack/attn': 'src'}
+    tied = nn.tie(TieTest.Stacked, ties_)('scan')
+    xs = random.normal(random.key(0), (2, 3))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ('model',))
+    sharding = lambda *spec: jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(*spec))
+    variables = jax.device_put(tied.init(random.key(1), xs), sharding())
+    with jax.transfer_guard('disallow'):
+      untied = tie_convert.untie_variables(variables, ties_, stacks={'stack': 2})
+      retied = tie_convert.tie_variables(untied, ties_, stacks={'stack': 2})
+    for leaf in jax.tree.leaves(untied['params']['stack']['attn']):
+      self.assertEqual(leaf.sharding, sharding(None))
+    self.assertEqual(jax.tree.map(lambda v: v.sharding, retied),
+                     jax.tree.map(lambda v: v.sharding, variables))
+    jax.tree.map(np.testing.assert_array_equal, retied, variables)
+
   def test_merge_mean_refuses_a_viewed_copy(self):
     tokens = jnp.array([[0, 3, 4]])
     lm = self.LM().init(random.key(1), tokens)
