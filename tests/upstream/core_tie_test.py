@@ -28,7 +28,7 @@ from jax import numpy as jnp
 from jax import random
 import numpy as np
 
-from flax.core import DenyList, apply, init, lift, nn
+from flax.core import DenyList, apply, init, lift, meta, nn
 import flax_tieext  # noqa: F401  (installs the features into Flax)
 from flax_tieext import errors
 from flax_tieext.core import tie_errors
@@ -371,6 +371,133 @@ class TieScopeStateTest(parameterized.TestCase):
     out, expected = apply(fn)(variables, x), apply(fn)(variables, x, True)
     self.assertEqual(out[1:3], (True, False))
     jax.tree_util.tree_map(np.testing.assert_array_equal, out, expected)
+
+  def test_only_the_tied_collections_are_shared(self):
+    # 'params' tied, 'state' not: the reference is two layers whose 'state'
+    # is each its own, 'b' given the values of 'a' for 'params'.
+    x = random.normal(random.key(0), (2, 3))
+    tied = self.pair('tied', self.counter, 'params')
+    untied = self.pair('untied', self.counter)
+    _, variables = init(untied)(random.key(1), x)
+    params = variables['params']
+    given = {'params': {'a': params['a']}, 'state': variables['state']}
+    copies = {**variables, 'params': {'a': params['a'], 'b': params['a']}}
+    y, updates = apply(tied, mutable='state')(given, x)
+    expected, expected_updates = apply(untied, mutable='state')(copies, x)
+    np.testing.assert_allclose(y, expected)
+    self.assertEqual(set(updates['state']), {'a', 'b'})
+    jax.tree_util.tree_map(np.testing.assert_allclose, updates,
+                           expected_updates)
+
+  def test_a_tie_holds_only_under_the_scope_that_declares_it(self):
+    def model(shared):
+      def block(scope, x, tied):
+        if tied and not shared:
+          self.declare(scope, {'b': 'a'})
+        a = scope.child(self.dense, 'a')
+        b = a if tied and shared else scope.child(self.dense, 'b')
+        return b(jnp.tanh(a(x)))
+
+      def fn(scope, x):
+        # 'm' ties its 'b' to its 'a'; its sibling 'n' has two layers.
+        return scope.child(block, 'n')(scope.child(block, 'm')(x, True), False)
+      return fn
+
+    x = random.normal(random.key(0), (2, 3))
+    _, variables = init(model(shared=True))(random.key(1), x)
+    self.assertEqual(set(variables['params']['m']), {'a'})
+    self.assertEqual(set(variables['params']['n']), {'a', 'b'})
+    loss = lambda shared: lambda v: apply(model(shared))(v, x).sum()
+    np.testing.assert_allclose(loss(False)(variables), loss(True)(variables))
+    jax.tree_util.tree_map(np.testing.assert_allclose,
+                           jax.grad(loss(False))(variables),
+                           jax.grad(loss(True))(variables))
+
+  def test_gradients_reach_the_source_through_a_view(self):
+    # 'b' computes with the transpose of 'a''s kernel, as a tied embedding
+    # and output head do; the reference passes the transpose by hand.
+    def fn(scope, x, kernel=None):
+      if kernel is None:
+        self.declare(scope, {'b': ('a', jnp.transpose)})
+      a = scope.push('a')
+      x = jnp.tanh(x @ a.param('kernel', nn.initializers.lecun_normal(),
+                               (3, 4)))
+      if kernel is None:
+        kernel = scope.push('b').get_variable('params', 'kernel')
+      return x @ kernel
+
+    x = random.normal(random.key(0), (2, 3))
+    _, variables = init(fn)(random.key(1), x, jnp.zeros((4, 3)))
+    loss = lambda v: apply(fn)(v, x).sum()
+    by_hand = lambda v: apply(fn)(v, x, v['params']['a']['kernel'].T).sum()
+    np.testing.assert_allclose(loss(variables), by_hand(variables))
+    jax.tree_util.tree_map(np.testing.assert_allclose,
+                           jax.grad(loss)(variables),
+                           jax.grad(by_hand)(variables))
+
+  def test_a_view_of_a_partitioned_variable_moves_its_names_with_the_axes(
+      self):
+    def fn(scope, view):
+      self.declare(scope, {'b': ('a', view)})
+      scope.push('a')
+      return scope.push('b').get_variable('params', 'w')
+
+    w = meta.Partitioned(jnp.arange(6.0).reshape(2, 3), ('embed', 'vocab'))
+    variables = {'params': {'a': {'w': w}}}
+    # What a module holding the transposed table by hand would hold.
+    expected = meta.Partitioned(w.value.T, ('vocab', 'embed'))
+    seen = apply(fn)(variables, jnp.transpose)
+    self.assertEqual(seen.names, expected.names)
+    np.testing.assert_array_equal(seen.value, expected.value)
+    with self.assertRaisesRegex(
+        errors.TieError, r"tie /b -> /a \(viewed\).* moves the partitioned"
+        " axis 'embed' of /a in a way whose axis names cannot be followed"):
+      apply(fn)(variables, lambda v: v.reshape(-1))
+
+  def test_at_apply_a_target_continues_its_sources_rng_streams(self):
+    # As one module called twice: the second use draws the next values of
+    # the module's streams, not the first ones again.
+    def noisy(scope, x):
+      noise = random.normal(scope.make_rng('noise'), (3,))
+      return nn.dense(scope, x, 3) + noise
+
+    x = random.normal(random.key(0), (2, 3))
+    shared = self.pair('shared', noisy)
+    _, variables = init(shared)({'params': random.key(1),
+                                 'noise': random.key(2)}, x)
+    rngs = {'noise': random.key(3)}
+    np.testing.assert_allclose(
+        apply(self.pair('tied', noisy))(variables, x, rngs=rngs),
+        apply(shared)(variables, x, rngs=rngs))
+
+  def test_a_variable_tie_shares_one_variable_of_the_module(self):
+    # 'b/kernel' is 'a/kernel'; the bias of 'b' is its own. The target's
+    # collection holds both names, as a module with its own kernel does.
+    def fn(scope, x, tied=True):
+      if tied:
+        self.declare(scope, {'b/kernel': 'a/kernel'})
+      x = jnp.tanh(scope.child(self.dense, 'a')(x))
+      b = scope.push('b')
+      y = nn.dense(b, x, 3)
+      names = b.variables()['params']
+      return y, (sorted(names), len(names), 'kernel' in names)
+
+    x = random.normal(random.key(0), (2, 3))
+    _, variables = init(fn)(random.key(1), x, False)
+    params = variables['params']
+    given = {'params': {'a': params['a'], 'b': {'bias': params['b']['bias']}}}
+    copies = {'params': {'a': params['a'], 'b': {**params['b'],
+                                                 'kernel': params['a']['kernel']}}}
+    (y, names), (expected, expected_names) = (
+        apply(fn)(given, x), apply(fn)(copies, x, False))
+    np.testing.assert_allclose(y, expected)
+    self.assertEqual(names, expected_names)
+    grads = jax.grad(lambda v: apply(fn)(v, x)[0].sum())(given)['params']
+    untied = jax.grad(
+        lambda v: apply(fn)(v, x, False)[0].sum())(copies)['params']
+    np.testing.assert_allclose(
+        grads['a']['kernel'], untied['a']['kernel'] + untied['b']['kernel'])
+    np.testing.assert_allclose(grads['b']['bias'], untied['b']['bias'])
 
   def test_tie_survives_push_and_rewound(self):
     def fn(scope, x):
