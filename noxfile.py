@@ -237,8 +237,10 @@ def _plain_and_patched(session, suite, *tests, cwd, options=(), root=None):
     session.error(f'{suite}: no test passed with the patch')
   rest = sorted(t for t in patched if t not in passed)
   if rest:
-    plain = _pytest(session, f'{suite}-plain', *options, *(_node_id(t, root or cwd) for t in rest),
-                    cwd=cwd)
+    # A few tests (a skip or two) run faster on one process than on workers.
+    few = ('-n', '0') if len(rest) < 10 else ()
+    plain = _pytest(session, f'{suite}-plain', *options, *few,
+                    *(_node_id(t, root or cwd) for t in rest), cwd=cwd)
     only_plain = sorted(t for t, o in plain.items() if o == 'passed')
     if only_plain:
       session.error(f'{suite}\'s tests pass differently under the patch: only plain:'
