@@ -253,8 +253,10 @@ def _node_id(junit_id, root):
   """The pytest node id, by absolute path, of a JUnit report's `module.Class::name` id."""
   classname, name = junit_id.split('::', 1)
   parts = classname.split('.')
-  module = next(i for i in range(len(parts), 0, -1)
-                if pathlib.Path(root, *parts[:i]).with_suffix('.py').is_file())
+  module = next((i for i in range(len(parts), 0, -1)
+                 if pathlib.Path(root, *parts[:i]).with_suffix('.py').is_file()), None)
+  if module is None:
+    raise ValueError(f'{junit_id}: no test file for it under {root}')
   path = pathlib.Path(root, *parts[:module]).with_suffix('.py').resolve()
   return '::'.join([str(path), *parts[module:], name])
 

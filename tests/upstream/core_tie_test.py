@@ -485,8 +485,8 @@ class TieScopeStateTest(parameterized.TestCase):
     _, variables = init(fn)(random.key(1), x, False)
     params = variables['params']
     given = {'params': {'a': params['a'], 'b': {'bias': params['b']['bias']}}}
-    copies = {'params': {'a': params['a'], 'b': {**params['b'],
-                                                 'kernel': params['a']['kernel']}}}
+    b_copy = {**params['b'], 'kernel': params['a']['kernel']}
+    copies = {'params': {'a': params['a'], 'b': b_copy}}
     (y, names), (expected, expected_names) = (
         apply(fn)(given, x), apply(fn)(copies, x, False))
     np.testing.assert_allclose(y, expected)

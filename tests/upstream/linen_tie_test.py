@@ -618,11 +618,9 @@ class TieVariablesTest(parameterized.TestCase):
     with jax.transfer_guard('disallow'):
       tied = tie_convert.tie_variables(checkpoint, {'b': 'a'}, merge=merge)
       untied = tie_convert.untie_variables(tied, {'b': 'a'})
-    sharding = lambda v: v.sharding
-    self.assertEqual(jax.tree.map(sharding, tied['params']['a']),
-                     jax.tree.map(sharding, checkpoint['params']['a']))
-    self.assertEqual(jax.tree.map(sharding, untied),
-                     jax.tree.map(sharding, checkpoint))
+    of = lambda tree: jax.tree.map(lambda v: v.sharding, tree)
+    self.assertEqual(of(tied['params']['a']), of(checkpoint['params']['a']))
+    self.assertEqual(of(untied), of(checkpoint))
     params = checkpoint['params']
     expected = params['a'] if merge is None else jax.tree.map(
         lambda a, b: (a + b) / 2, params['a'], params['b'])
@@ -637,13 +635,14 @@ class TieVariablesTest(parameterized.TestCase):
     sharding = lambda *spec: jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec(*spec))
     variables = jax.device_put(tied.init(random.key(1), xs), sharding())
+    stacks = {'stack': 2}
     with jax.transfer_guard('disallow'):
-      untied = tie_convert.untie_variables(variables, ties_, stacks={'stack': 2})
-      retied = tie_convert.tie_variables(untied, ties_, stacks={'stack': 2})
+      untied = tie_convert.untie_variables(variables, ties_, stacks=stacks)
+      retied = tie_convert.tie_variables(untied, ties_, stacks=stacks)
     for leaf in jax.tree.leaves(untied['params']['stack']['attn']):
       self.assertEqual(leaf.sharding, sharding(None))
-    self.assertEqual(jax.tree.map(lambda v: v.sharding, retied),
-                     jax.tree.map(lambda v: v.sharding, variables))
+    of = lambda tree: jax.tree.map(lambda v: v.sharding, tree)
+    self.assertEqual(of(retied), of(variables))
     jax.tree.map(np.testing.assert_array_equal, retied, variables)
 
   def test_merge_mean_refuses_a_viewed_copy(self):
