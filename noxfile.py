@@ -74,6 +74,7 @@ UPSTREAM_TESTS = (
 # 0.10.7 cannot import flax.nnx there.
 UPSTREAM_NNX_TESTS = {v: ('tests/nnx/transforms_test.py',)
                       for v in ('0.12.8', '0.12.12')}
+UPSTREAM_NNX_SELECT = ('-k', 'remat')
 
 # Real clients of nn.remat / nn.partitioning.remat, on the newest Flax.
 # transformers 4.57.6 is the last release with Flax models. recurrentgemma
@@ -214,8 +215,8 @@ def matrix(session, flax):
                     keep=lambda rel: rel == 'pyproject.toml' or rel.startswith('tests/'))
   _plain_and_patched(session, 'flax', *UPSTREAM_TESTS, cwd=checkout)
   if flax in UPSTREAM_NNX_TESTS:
-    _plain_and_patched(session, 'flax-nnx', *UPSTREAM_NNX_TESTS[flax], options=('-k', 'remat'),
-                       cwd=checkout)
+    _plain_and_patched(session, 'flax-nnx', *UPSTREAM_NNX_TESTS[flax],
+                       options=UPSTREAM_NNX_SELECT, cwd=checkout)
 
 
 def _plain_and_patched(session, suite, *tests, cwd, options=(), root=None):
