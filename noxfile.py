@@ -67,14 +67,11 @@ UPSTREAM_TESTS = (
     'tests/linen/linen_transforms_test.py',
     'tests/linen/partitioning_test.py',
 )
-# ... and its NNX transforms' tests of nnx.remat (the one NNX transform the
-# patch replaces: `-k remat` selects TestRemat and the tests of remat inside
-# other transforms), where they pass plain on the pinned JAX: on 0.11.2 /
-# 0.12.0 (jax 0.8.1) 7 of 112 fail plain on JAX deprecation warnings, and
-# 0.10.7 cannot import flax.nnx there.
-UPSTREAM_NNX_TESTS = {v: ('tests/nnx/transforms_test.py',)
-                      for v in ('0.12.8', '0.12.12')}
-UPSTREAM_NNX_SELECT = ('-k', 'remat')
+# ... and its NNX tests of nnx.remat (harness.NNX_REMAT_TESTS), on the
+# releases where they pass plain on the pinned JAX: on 0.11.2 / 0.12.0 (jax
+# 0.8.1) 7 of 112 fail plain on JAX deprecation warnings, and 0.10.7 cannot
+# import flax.nnx there.
+UPSTREAM_NNX_RELEASES = ('0.12.8', '0.12.12')
 
 # Real clients of nn.remat / nn.partitioning.remat, on the newest Flax.
 # transformers 4.57.6 is the last release with Flax models. recurrentgemma
@@ -86,16 +83,16 @@ CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 
 # Tests of the docs and the demo, not of the library: they run pasted examples
 # and the demo's training loop in fresh interpreters, and the docs describe
-# the newest Flax. They take a third of our suite's time, so the matrix runs
-# them on the newest release only, and `nox -s ci` leaves them to the README
-# run.
+# the newest Flax, so the matrix runs them on the newest release only. (Like
+# every test marked end_to_end, a plain `pytest` leaves them out; every
+# session here runs them, with --end-to-end.)
 NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
 # The tie property test (tests/test_tie_properties.py) draws 8 examples; the
 # newest release's matrix session draws this many.
 NEWEST_PROPERTY_EXAMPLES = '20'
 # The differential harness (tests/test_differential.py: programs run plain and
 # patched in fresh interpreters) draws 2 examples; the oldest and newest
-# releases' matrix sessions draw this many, and `nox -s ci` leaves it to them.
+# releases' matrix sessions draw this many, and in `nox -s ci` only they run it.
 EDGE_DIFFERENTIAL_EXAMPLES = '4'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
@@ -186,7 +183,7 @@ def tests(session):
     session.warn(f'{_missing_python(NEWEST)} Testing Flax {TESTED} instead; `nox -s'
                  f' "matrix({NEWEST})"` fails until then.')
   _install(session, TESTED, *_extra('test'))
-  session.run('python', '-m', 'pytest', *session.posargs)
+  session.run('python', '-m', 'pytest', '--end-to-end', *session.posargs)
 
 
 @nox.session
@@ -204,8 +201,10 @@ def matrix(session, flax):
     env['TIE_PROPERTY_EXAMPLES'] = NEWEST_PROPERTY_EXAMPLES
   # Work stealing keeps both workers busy to the end: setup.cfg's loadscope
   # keeps a module on one worker, for the demo's module fixture, which runs
-  # here on the newest release only (and not at all in `nox -s ci`).
-  _pytest(session, 'ours', '--opted-out-too', *(f'--ignore={p}' for p in ignored),
+  # here on the newest release only (each worker that gets a demo test runs
+  # it once).
+  _pytest(session, 'ours', '--opted-out-too', '--end-to-end',
+          *(f'--ignore={p}' for p in ignored),
           '--tb=short', '--dist', 'worksteal', *session.posargs, env=env)
   # Flax's own tests: pyproject.toml and tests/ of the sdist, so that they
   # import the installed Flax.
@@ -214,9 +213,8 @@ def matrix(session, flax):
     harness.extract(harness.flax_sdist(flax), checkout,
                     keep=lambda rel: rel == 'pyproject.toml' or rel.startswith('tests/'))
   _plain_and_patched(session, 'flax', *UPSTREAM_TESTS, cwd=checkout)
-  if flax in UPSTREAM_NNX_TESTS:
-    _plain_and_patched(session, 'flax-nnx', *UPSTREAM_NNX_TESTS[flax],
-                       options=UPSTREAM_NNX_SELECT, cwd=checkout)
+  if flax in UPSTREAM_NNX_RELEASES:
+    _plain_and_patched(session, 'flax-nnx', *harness.NNX_REMAT_TESTS, cwd=checkout)
 
 
 def _plain_and_patched(session, suite, *tests, cwd, options=(), root=None):
@@ -291,10 +289,9 @@ def distributed(session):
   # it beside tests/distributed would collect it once, ignored. One pytest
   # worker: each test starts 2 processes of its own, and the long tests share
   # one job.
-  # Arguments replace what it runs (`nox -s ci` leaves the default run to the
-  # README run, which has it).
+  # Arguments replace what it runs.
   default_run = sorted(str(p) for p in (ROOT / 'tests' / 'distributed').glob('test_*.py'))
-  _pytest(session, 'distributed', '-n', '0',
+  _pytest(session, 'distributed', '-n', '0', '--end-to-end',
           *(session.posargs or ['tests/distributed/long', *default_run]))
 
 
@@ -377,17 +374,17 @@ MIDDLE_RELEASE_TESTS = ('upstream', 'test_patch', 'test_transparency', 'test_tes
 def ci(session):
   """Everything .ci/run runs after the README test command (CI_SESSIONS)."""
   # The README test command, just run by .ci/run in the environment nox runs
-  # from, is our suite patched on that environment's Flax: where that is a
-  # release of the matrix with its pins, its matrix run adds the opted-out
-  # half only, and the newest release's matrix run leaves the tests of the
-  # docs and the demo (NEWEST_ONLY) to it.
+  # from, is our suite patched on that environment's Flax, less the tests
+  # marked end_to_end: where that is a release of the matrix with its pins,
+  # its matrix run adds the opted-out half only. The end_to_end tests run
+  # here: the docs, the demo and the FLIP reproducers on the newest release,
+  # the differential harness on the oldest and the newest, the two-process
+  # jobs in the distributed session.
   #
   # To keep CI within its budget, the other releases run the opted-out half
   # only for the tie regression tests (marked installs_patch: they install
-  # the patch themselves), the releases between the oldest and the newest run
-  # MIDDLE_RELEASE_TESTS only, and the differential harness is left to the
-  # oldest and newest (and the README run), as the tests/distributed default
-  # run is to the README run.
+  # the patch themselves), and the releases between the oldest and the newest
+  # run MIDDLE_RELEASE_TESTS only.
   readme_release = _release_of_this_environment()
   inner = [f'matrix({v})' for v in RELEASES[1:-1] if v != readme_release]
   middle = ' or '.join((*MIDDLE_RELEASE_TESTS, 'installs_patch'))
@@ -398,10 +395,6 @@ def ci(session):
       posargs = ['-k', f'(not opted-out or installs_patch) and ({middle})']
     elif name.startswith('matrix('):
       posargs = ['-k', 'not opted-out or installs_patch']
-      if name == f'matrix({NEWEST})' and readme_release:
-        posargs += [f'--ignore={p}' for p in NEWEST_ONLY]
-    elif name == 'distributed' and readme_release:
-      posargs = ['tests/distributed/long']
     else:
       posargs = ['--reuse-html'] if name == 'screenshots' else None
     session.notify(name, posargs)

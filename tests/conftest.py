@@ -12,7 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Shared test configuration: ``--opted-out-too``.
+"""Shared test configuration: ``--opted-out-too``, ``--end-to-end``.
 
 ``pytest --opted-out-too`` runs the suite twice in one process: every test as
 usual (patched at import), and every test once more with the patch uninstalled
@@ -28,7 +28,15 @@ whose ``FLAX_TIEEXT_AUTOPATCH`` it sets itself, so the copy would repeat it).
 A third, ``installs_patch``, keeps the copy and installs the patch for the
 test, as a user with ``FLAX_TIEEXT_AUTOPATCH=0`` calls ``flax_tieext.install()``
 to use ties (the tie regression tests of issue 16).
+
+Tests marked ``end_to_end`` run the docs' examples, the demo, generated
+programs or two-process jobs in fresh interpreters: a third of the suite's
+time, for checks of the whole rather than of the library. A plain ``pytest``
+leaves them out (and says so in its header) unless given ``--end-to-end`` or
+the test file by name; ``nox -s ci`` (so CI) runs them all.
 """
+
+import pathlib
 
 import pytest
 
@@ -43,6 +51,17 @@ def pytest_addoption(parser):
       help='also run each test not marked needs_patch or own_patch_mode with the patch'
            ' uninstalled',
   )
+  parser.addoption(
+      '--end-to-end', action='store_true',
+      help='also run the tests marked end_to_end (docs examples, the demo, the differential'
+           ' harness, the FLIP reproducers, two-process jobs: fresh interpreters)',
+  )
+
+
+def pytest_report_header(config):
+  if not config.getoption('end_to_end'):
+    return ('end_to_end tests (docs examples, demo, differential, FLIP reproducers,'
+            ' two-process jobs) are left out unless named: pytest --end-to-end runs them')
 
 
 def pytest_generate_tests(metafunc):
@@ -52,12 +71,15 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-  if not config.getoption('opted_out_too'):
-    return
+  named = {pathlib.Path(arg.split('::')[0]).resolve() for arg in config.args}
   def left_out(item):
+    if (item.get_closest_marker('end_to_end') and not config.getoption('end_to_end')
+        and item.path not in named):
+      return True
     callspec = getattr(item, 'callspec', None)
     return (
-        callspec is not None
+        config.getoption('opted_out_too')
+        and callspec is not None
         and callspec.params.get('patch_mode') == OPTED_OUT
         and any(item.get_closest_marker(m) for m in ('needs_patch', 'own_patch_mode'))
     )

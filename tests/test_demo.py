@@ -1,5 +1,6 @@
 """The demo (``python -m flax_tieext.demo``, console script ``flax-tieext``)."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -9,27 +10,36 @@ import pytest
 
 from flax_tieext import demo
 
+pytestmark = pytest.mark.end_to_end
+
 
 @pytest.fixture(scope='module')
 def small_run(tmp_path_factory):
-  """stdout and stderr of ``main(['--layers', '2', '--steps', '3'])``.
+  """stdout, stderr and plot path of ``main(['--layers', '2', '--steps', '3', '--plot', ...])``.
 
-  Run once for the module: it compiles four variants of the encoder.
+  Run once for the module: it compiles four variants of the encoder, and
+  three per depth for the plot where matplotlib is installed.
   """
   out = tmp_path_factory.mktemp('demo')
+  plot = out / 'memory.png'
+  flags = ['--plot', str(plot)] if _has_matplotlib() else []
   with open(out / 'stdout', 'w') as stdout, open(out / 'stderr', 'w') as stderr:
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = stdout, stderr
     try:
-      code = demo.main(['--layers', '2', '--steps', '3'])
+      code = demo.main(['--layers', '2', '--steps', '3', *flags])
     finally:
       sys.stdout, sys.stderr = saved
   assert code == 0
-  return (out / 'stdout').read_text(), (out / 'stderr').read_text()
+  return (out / 'stdout').read_text(), (out / 'stderr').read_text(), plot
+
+
+def _has_matplotlib():
+  return importlib.util.find_spec('matplotlib') is not None
 
 
 def test_small_run_prints_the_comparison_table(small_run):
-  stdout, _ = small_run
+  stdout, _, _ = small_run
   for row in ('all variables stored (count, bytes)',
               'compiled temp memory, remat',
               'compiled temp memory, no remat',
@@ -41,14 +51,14 @@ def test_small_run_prints_the_comparison_table(small_run):
 
 
 def test_tied_gradients_match_the_untied_reference(small_run):
-  stdout, _ = small_run
+  stdout, _, _ = small_run
   match = re.search(r'max \|grad tied - grad untied\| = (\S+),', stdout)
   assert match, stdout
   assert float(match.group(1)) < 1e-5
 
 
 def test_progress_bar_reaches_the_last_step(small_run):
-  _, stderr = small_run
+  _, stderr, _ = small_run
   assert re.search(r'train \[#+\] 3/3', stderr), stderr
 
 
@@ -82,9 +92,8 @@ def test_unwritable_plot_path_is_a_clean_error():
   assert 'does not exist' in result.stderr
 
 
-def test_plot_is_written(tmp_path):
+def test_plot_is_written(small_run):
   pytest.importorskip('matplotlib')
-  path = tmp_path / 'memory.png'
-  result = _run_module('--layers', '1', '--steps', '1', '--plot', str(path))
-  assert result.returncode == 0, result.stderr
+  stdout, _, path = small_run
+  assert f'plot: {path}' in stdout
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

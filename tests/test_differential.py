@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.own_patch_mode
+pytestmark = [pytest.mark.own_patch_mode, pytest.mark.end_to_end]
 
 EXAMPLES = int(os.environ.get('DIFFERENTIAL_EXAMPLES', '2'))
 PROGRAMS_PER_RUN = 3

@@ -42,6 +42,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.end_to_end
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
 FENCE = re.compile(

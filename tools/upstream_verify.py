@@ -25,11 +25,13 @@
    far pass in the test files it touches.
 4. Flax's lint on the patched tree: ruff with Flax's ``pyproject.toml``,
    ``pyupgrade --py310-plus``, no whitespace errors, on the touched files.
-5. Flax's ``tests/core`` and ``tests/linen`` (but ``LAYER_TESTS``, unless
-   ``UPSTREAM_ALL_SUITES=1``; and NNX's transforms, once
-   the series touches NNX) on the patched tree: every test the unpatched tree
-   passes passes (the unpatched tree runs the few that do not pass patched),
-   and every test the series adds passes.
+5. Flax's ``tests/core`` and ``tests/linen`` (but ``LAYER_TESTS``), and,
+   once the series touches NNX, NNX's tests of ``nnx.remat``
+   (``harness.NNX_REMAT_TESTS``), on the patched tree
+   (``UPSTREAM_ALL_SUITES=1`` adds the layer tests and the rest of NNX's
+   transforms): every test the unpatched
+   tree passes passes (the unpatched tree runs the few that do not pass
+   patched), and every test the series adds passes.
 6. The series applies to every release in ``upstream.RELEASES`` and
    byte-compiles there; the files it changes that a release's sdist lacks are
    named. (The test classes run on each release under the plugin, in the
@@ -57,7 +59,6 @@ import upstream
 from upstream import harness
 
 SUITES = ('tests/core', 'tests/linen')
-NNX_SUITE = 'tests/nnx/transforms_test.py'
 # Left out of the whole-suite run in CI (a quarter of its time): the layers'
 # arithmetic (Dense, Conv, Embed, attention), whose only contact with what the
 # series changes is Scope.param's and Scope.variable's untied path, which every
@@ -246,19 +247,21 @@ def collect(python, tree: pathlib.Path, suites) -> list[str]:
   return [l for l in found.stdout.splitlines() if '::' in l]
 
 
-def compare(python, base: pathlib.Path, patched: pathlib.Path, added: set[str], out, suites):
+def compare(python, base: pathlib.Path, patched: pathlib.Path, added: set[str], out, suites,
+            run=''):
   """Problems, comparing the suites' outcomes on ``base`` and ``patched``.
 
   Every test of the unpatched tree runs on the patched one. Only those that do
   not pass there run on the unpatched tree too: one that passes there is a
-  problem, one that does not (a skip) passes in neither.
+  problem, one that does not (a skip) passes in neither. ``run`` names the
+  reports of one of several comparisons.
   """
-  after, failed = pytest(python, patched, out / f'{patched.name}.xml', suites)
+  after, failed = pytest(python, patched, out / f'{patched.name}{run}.xml', suites)
   ids = {_junit_id(n): n for n in collect(python, base, suites)}
   rerun = sorted(n for j, n in ids.items() if j not in after)
   before = set(ids) - {_junit_id(n) for n in rerun}
   if rerun:
-    before |= pytest(python, base, out / f'{base.name}.xml', rerun)[0]
+    before |= pytest(python, base, out / f'{base.name}{run}.xml', rerun)[0]
   new = {t for t in after | failed if t.rsplit('::', 1)[0].rsplit('.', 1)[-1] in added}
   problems = [f'{patched.name}: fails {t}' for t in sorted(failed)]
   problems += [f'{patched.name}: passed unpatched, not patched: {t}' for t in sorted(before - after)]
@@ -267,7 +270,7 @@ def compare(python, base: pathlib.Path, patched: pathlib.Path, added: set[str], 
     problems.append(f'{base.name}: pytest collected no test')
   if not new:
     problems.append(f'{patched.name}: none of the series\' test classes ran')
-  print(f'{patched.name}: {len(before)} passed unpatched (of {len(ids)}; {len(rerun)} run'
+  print(f'{patched.name}{run}: {len(before)} passed unpatched (of {len(ids)}; {len(rerun)} run'
         f' there); {len(after)} patched, of which {len(new & after)} new; {len(failed)}'
         ' failed', flush=True)
   return problems
@@ -336,14 +339,17 @@ def verify() -> int:
   files = sorted({f for p in _patches() for f in _touched(p)})
   added = {c for p in _patches() for cs in _classes(p).values() for c in cs}
 
-  suites = SUITES + ((NNX_SUITE,) if any(f.startswith('flax/nnx/') for f in files) else ())
-  if not os.environ.get('UPSTREAM_ALL_SUITES'):
-    suites += tuple(f'--ignore={t}' for t in LAYER_TESTS)
+  everything = os.environ.get('UPSTREAM_ALL_SUITES')
+  suites = SUITES + (() if everything else tuple(f'--ignore={t}' for t in LAYER_TESTS))
+  nnx = (harness.NNX_REMAT_TESTS[:1] if everything else harness.NNX_REMAT_TESTS) if any(
+      f.startswith('flax/nnx/') for f in files) else ()
   patched = work / f'flax-{upstream.BUILD_ON}-patched'
   base = upstream.pristine(work / f'flax-{upstream.BUILD_ON}', upstream.BUILD_ON)
-  problems += step_by_step(patched, work, suites, base)
+  problems += step_by_step(patched, work, suites + nnx[:1], base)
   problems += lint(patched, files)
   problems += compare(sys.executable, base, patched, added, work, suites)
+  if nnx:
+    problems += compare(sys.executable, base, patched, added, work, nnx, run='-nnx')
 
   for version in upstream.RELEASES:
     missing = lacking(version)

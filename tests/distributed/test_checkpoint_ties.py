@@ -18,7 +18,8 @@ import flax_tieext
 from flax_tieext.examples import albert
 from flax_tieext.examples import scaling
 
-pytestmark = pytest.mark.needs_patch  # the model uses nn.tie
+pytestmark = [pytest.mark.needs_patch,  # the model uses nn.tie
+              pytest.mark.end_to_end]
 
 TIES = albert.attention_ties(scaling.CONFIG.num_layers)
 

@@ -20,9 +20,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
+import pytest
 
 import flax_tieext
 from flax_tieext.examples import launch
+
+pytestmark = pytest.mark.end_to_end
 
 LAYERS = 3
 

@@ -17,7 +17,8 @@ import pytest
 from flax_tieext.examples import albert
 from flax_tieext.examples import scaling
 
-pytestmark = pytest.mark.needs_patch  # the worker uses nn.tie
+pytestmark = [pytest.mark.needs_patch,  # the worker uses nn.tie
+              pytest.mark.end_to_end]
 
 STEPS = 4
 
