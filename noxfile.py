@@ -218,7 +218,7 @@ def matrix(session, flax):
 
 
 def _plain_and_patched(session, suite, *tests, cwd, options=(), root=None):
-  """A library's own `tests` (pytest, in `cwd`) with the patch; plain, those it does not pass.
+  """A library's own `tests` (pytest arguments, in `cwd`) patched; plain, those it does not pass.
 
   Fails unless every test that passes without the patch passes with it (and
   at least one does), with no failure. A test that passes patched needs no

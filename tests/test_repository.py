@@ -128,3 +128,25 @@ def test_each_test_module_the_middle_releases_run_exists():
   modules += [str(p.relative_to(ROOT)) for p in (ROOT / 'tests' / 'upstream').glob('*.py')]
   for name in _noxfile_assignment('MIDDLE_RELEASE_TESTS'):
     assert any(name in m for m in modules), name
+
+
+def _collected(*args):
+  """(test modules, output) of ``pytest --collect-only`` with our configuration."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'pytest', '--collect-only', '-n', '0', *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  return set(re.findall(r'<Module (\S+)>', result.stdout)), result.stdout
+
+
+def test_a_plain_run_leaves_out_the_end_to_end_tests_saying_so():
+  # tests/distributed: the launcher's tests, and two-process jobs (end_to_end).
+  plain, output = _collected('tests/distributed')
+  assert plain == {'test_launch.py'}, output
+  assert 'deselected' in output and 'pytest --end-to-end runs them' in output, output
+  everything, output = _collected('--end-to-end', 'tests/distributed')
+  assert 'test_two_processes.py' in everything, output
+  assert 'deselected' not in output and 'pytest --end-to-end runs them' not in output, output
+  # A test file named on the command line runs as named.
+  named, output = _collected('tests/distributed/test_two_processes.py')
+  assert named == {'test_two_processes.py'} and 'deselected' not in output, output
