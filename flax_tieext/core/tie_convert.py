@@ -205,9 +205,7 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
         _refuse_unnamed_stack(tree[col], tie, col)
       if stack is not None:
         _check_layers(tree[col], tie, col, stack, verb)
-      yield tie, col, jax.tree_util.tree_map(
-          lambda x, tie=tie: tie_spec.apply_view(tie, x), source,
-          is_leaf=tie_spec.is_box), stack
+      yield tie, col, tie_spec.apply_views(tie, source), stack
 
 
 def _stack_paths(stacks):

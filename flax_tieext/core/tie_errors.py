@@ -279,10 +279,10 @@ def unlike(tie, col: str, existing: str, value: str) -> TieError:
       'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
 
 
-def view_loses_axis(tie, name: str) -> TieError:
+def view_loses_axis(tie, name: str, path) -> TieError:
   return tie_error(
       f'The view of the {tie.describe()} moves the partitioned axis {name!r}'
-      f' of {text(tie.source)} in a way whose axis names cannot be followed.',
+      f' of {text(path)} in a way whose axis names cannot be followed.',
       'Use a view that permutes axes (e.g. jnp.transpose).',
       'Unbox the variables first (flax.linen.unbox).')
 

@@ -368,14 +368,22 @@ def is_box(x) -> bool:
   return isinstance(x, meta.AxisMetadata)
 
 
+def apply_views(tie: Tie, tree):
+  """``apply_view`` on each variable of ``tree``, the source's subtree."""
+  def one(keys, x):
+    return apply_view(tie, x, [str(getattr(k, 'key', k)) for k in keys])
+  return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_box)
+
+
 def unbox(x):
   return x.unbox() if is_box(x) else x
 
 
-def apply_view(tie: Tie, value):
+def apply_view(tie: Tie, value, under=()):
   """``tie.view(value)``; on a partitioned box, the axis names follow the axes.
 
-  Raises a TieError when the view moves a named axis in a way that cannot be
+  Raises a TieError, naming the variable (``under`` is its path below a module
+  tie's source), when the view moves a named axis in a way that cannot be
   followed (e.g. a reshape), rather than keep names that no longer fit.
   """
   if tie.view is None or not is_box(value):
@@ -399,7 +407,7 @@ def apply_view(tie: Tie, value):
                                         for j in range(moved.ndim)]),
                   moved.shape))]
       if len(hits) != 1 or out[hits[0]] is not None:
-        raise tie_errors.view_loses_axis(tie, name)
+        raise tie_errors.view_loses_axis(tie, name, tie.source + tuple(under))
       out[hits[0]] = name
   return dataclasses.replace(value, value=tie.view(array), names=tuple(out))
 

@@ -47,9 +47,9 @@ from flax_tieext.core.tie_spec import (
     Path,
     Tie,
     apply_view,
+    apply_views,
     check_like,
     flatten,
-    is_box,
     is_within,
     named_collections,
     normalize,
@@ -337,8 +337,7 @@ def _unreachable(scope, tie: Tie, col: str):
 def viewed(tie: Tie, node):
   if tie.view is None:
     return node
-  return jax.tree_util.tree_map(lambda x: apply_view(tie, x), node,
-                                is_leaf=is_box)
+  return apply_views(tie, node)
 
 
 def _module_collection(scope, tie: Tie, col: str, write: bool):
@@ -385,13 +384,14 @@ def _own(scope, col: str):
   return own
 
 
-def _fill(own, source, tie: Tie):
+def _fill(own, source, tie: Tie, under=()):
   """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared)."""
   for name, value in (source.items() if isinstance(source, Mapping) else ()):
     if type(value) is dict or isinstance(value, Mapping):
-      _fill(own.setdefault(name, {}), value, tie)
+      _fill(own.setdefault(name, {}), value, tie, (*under, name))
     elif name not in own:
-      own[name] = value if tie.view is None else apply_view(tie, value)
+      own[name] = (value if tie.view is None
+                   else apply_view(tie, value, (*under, name)))
 
 
 class TiedNames(MutableMapping):

@@ -451,7 +451,7 @@ class TieScopeStateTest(parameterized.TestCase):
     np.testing.assert_array_equal(seen.value, expected.value)
     with self.assertRaisesRegex(
         errors.TieError, r"tie /b -> /a \(viewed\).* moves the partitioned"
-        " axis 'embed' of /a in a way whose axis names cannot be followed"):
+        " axis 'embed' of /a/w in a way whose axis names cannot be followed"):
       apply(fn)(variables, lambda v: v.reshape(-1))
 
   def test_at_apply_a_target_continues_its_sources_rng_streams(self):
