@@ -293,12 +293,13 @@ def nnx_remat(
     return remat(call)
 
   unstatic = merged(((), ()))  # without static arguments: made once
+  signature = _static_args.call_signature(f)
 
   @functools.wraps(f)
   def wrapper(*args, **kwargs):
     return statics.apply(
         lambda static, args, kwargs: (
             merged(static) if any(static) else unstatic)(args, kwargs),
-        *statics.bound_call(args, kwargs))
+        *_static_args.bind_call(signature, args, kwargs))
 
   return wrapper

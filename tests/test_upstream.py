@@ -336,23 +336,43 @@ def test_a_class_body_reads_its_enclosing_function_locals_not_globals():
   assert upstream._globals(tree.body[0], table['TestCase']) == set()
 
 
+def _counts(patch):
+  """(files, lines added and removed under flax/, under tests/) of a patch file."""
+  files, n, current = set(), {'flax+': 0, 'flax-': 0, 'tests+': 0, 'tests-': 0}, ''
+  for line in patch.read_text().split('\n'):
+    if line.startswith('diff --git'):
+      current = line.split()[2][2:]
+      files.add(current)
+    elif line[:1] in ('+', '-') and line[:3] not in ('+++', '---'):
+      top = current.split('/')[0]
+      if top in ('flax', 'tests'):
+        n[top + line[0]] += 1
+  return len(files), n['flax+'], n['flax-'], n['tests+'], n['tests-']
+
+
 def test_the_numbers_in_upstream_patches_md_are_the_series():
   rows = re.findall(r'^\| (\d\d) \| (\d+) \| \+(\d+) / −(\d+) \| \+(\d+) / −(\d+) \|',
                     (ROOT / 'docs' / 'upstream_patches.md').read_text(), re.M)
   patches = sorted((ROOT / 'patches' / 'main').glob('*.patch'))
   assert [r[0] for r in rows] == [p.name[2:4] for p in patches]
   for row, patch in zip(rows, patches):
-    files, n, current = set(), {'flax+': 0, 'flax-': 0, 'tests+': 0, 'tests-': 0}, ''
-    for line in patch.read_text().split('\n'):
-      if line.startswith('diff --git'):
-        current = line.split()[2][2:]
-        files.add(current)
-      elif line[:1] in ('+', '-') and line[:3] not in ('+++', '---'):
-        top = current.split('/')[0]
-        if top in ('flax', 'tests'):
-          n[top + line[0]] += 1
-    assert tuple(map(int, row[1:])) == (
-        len(files), n['flax+'], n['flax-'], n['tests+'], n['tests-']), patch.name
+    assert tuple(map(int, row[1:])) == _counts(patch), patch.name
+
+
+def test_the_flips_costs_are_the_series():
+  text = (ROOT / 'docs' / 'upstream' / 'flip-linen-ties.md').read_text()
+  rows = re.findall(r'^\| (\d\d) [^|]*\| \+([\d,]+) / −(\d+) \| \+([\d,]+) / −(\d+) \|',
+                    text, re.M)
+  patches = {p.name[2:4]: p for p in (ROOT / 'patches' / 'main').glob('*.patch')}
+  ties = [n for n in sorted(patches) if n >= '05']
+  assert [r[0] for r in rows] == ties
+  for row in rows:
+    assert tuple(int(x) for x in row[1:]) == _counts(patches[row[0]])[1:], row[0]
+  total = [sum(_counts(patches[n])[i] for n in ties) for i in range(1, 5)]
+  assert (f'**ties, 05 to 10** | **+{total[0]:,} / −{total[1]}** |'
+          f' **+{total[2]:,} / −{total[3]}**') in text
+  static = sum(_counts(patches[n])[1] for n in ('02', '03', '04'))
+  assert f'the static-argument PRs 02 to 04\nadd {static} lines' in text
 
 
 def test_files_the_series_copies_are_current_in_patches_main():

@@ -185,30 +185,36 @@ class StaticArgs:
       args.insert(i, value)
     return tuple(args), {**kwargs, **dict(static[1])}
 
-  def bound_call(self, args, kwargs):
-    """The call with keywords at their positions and defaults filled in.
-
-    As ``nnx``'s ``resolve_kwargs`` binds a call; a keyword-only argument
-    stays a keyword, and a default holding a ``str`` (which JAX cannot trace)
-    stays omitted.
-    """
-    if getattr(self, '_full_signature', None) is None:
-      try:
-        self._full_signature = inspect.signature(self.fn)
-      except (TypeError, ValueError):  # a builtin: the call as it is
-        self._full_signature = False
-    if not self._full_signature or isinstance(self.fn, functools.partial):
-      return args, kwargs
-    bound = self._full_signature.bind(*args, **kwargs)
-    given = set(bound.arguments)
-    bound.apply_defaults()
-    for name in set(bound.arguments) - given:
-      if holds_str(bound.arguments[name]):
-        del bound.arguments[name]
-    return bound.args, bound.kwargs
-
 
 _NO_STATIC = ((), ())
+
+
+def call_signature(fn):
+  """``fn``'s signature for ``bind_call``; None for a builtin or a partial."""
+  if isinstance(fn, functools.partial):
+    return None
+  try:
+    return inspect.signature(fn)
+  except (TypeError, ValueError):
+    return None
+
+
+def bind_call(signature, args, kwargs):
+  """The call with keywords at their positions and defaults filled in.
+
+  As ``nnx``'s ``resolve_kwargs`` binds a call; a keyword-only argument stays
+  a keyword, and a default holding a ``str`` (which JAX cannot trace) stays
+  omitted. ``signature`` is ``call_signature(fn)``.
+  """
+  if signature is None:
+    return args, kwargs
+  bound = signature.bind(*args, **kwargs)
+  given = set(bound.arguments)
+  bound.apply_defaults()
+  for name in set(bound.arguments) - given:
+    if holds_str(bound.arguments[name]):
+      del bound.arguments[name]
+  return bound.args, bound.kwargs
 
 
 def holds_str(value) -> bool:

@@ -167,10 +167,14 @@ def remat(
 
     return remat_wrapper  # type: ignore[return-value]
 
+  signature = _static_args.call_signature(f_unbound)
+
   @functools.wraps(f_unbound)
   def resolved_remat_wrapper(*args, **kwargs):
-    # As resolve_kwargs does in the graph path (see StaticArgs.bound_call).
-    return statics.apply(rematted, *statics.bound_call(args, kwargs))
+    # As resolve_kwargs does in the graph path.
+    return statics.apply(
+      rematted, *_static_args.bind_call(signature, args, kwargs)
+    )
 
   return resolved_remat_wrapper  # type: ignore[return-value]
 
