@@ -81,6 +81,8 @@ for name, argv, source in job['runs']:
     else:
       exec(compile(source, 'flip', 'exec'), {})
     failed[name] = None
+  except SystemExit as e:  # as its own interpreter would exit
+    failed[name] = None if e.code in (None, 0) else traceback.format_exc()
   except BaseException:
     failed[name] = traceback.format_exc()
 with open(job['out'], 'w') as f:

@@ -29,9 +29,9 @@
    once the series touches NNX, NNX's tests of ``nnx.remat``
    (``harness.NNX_REMAT_TESTS``), on the patched tree
    (``UPSTREAM_ALL_SUITES=1`` adds the layer tests and the rest of NNX's
-   transforms): every test the unpatched
-   tree passes passes (the unpatched tree runs the few that do not pass
-   patched), and every test the series adds passes.
+   transforms): every test the unpatched tree passes passes (the unpatched
+   tree runs the few that do not pass patched), and every test the series
+   adds passes.
 6. The series applies to every release in ``upstream.RELEASES`` and
    byte-compiles there; the files it changes that a release's sdist lacks are
    named. (The test classes run on each release under the plugin, in the
