@@ -28,4 +28,12 @@ and the benchmarks, each in a file named for it:
 * :mod:`flax_tieext.examples.nnx_tree`: NNX models tied in tree mode with
   ``flax_tieext.nnx.tie`` and their graph-mode shared references (needs a Flax
   with tree mode).
+* :mod:`flax_tieext.examples.attention`: the multi-head self-attention both
+  encoders use, with a counter of how often its body is traced.
+* :mod:`flax_tieext.examples.task`: the synthetic task the encoders train on.
+* :mod:`flax_tieext.examples.measure`: what the demo and the benchmarks
+  measure (stored variables, XLA's cost and memory analysis, interleaved
+  timings).
+* :mod:`flax_tieext.examples.tie_cost`: Python calls of ``init`` and of a grad
+  trace for tied against hand-shared blocks.
 """
