@@ -1,0 +1,130 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Every reference to this project's code in the docs names something that exists.
+
+A name in backticks that looks like a code path is checked:
+
+* a file path (``tests/test_patch.py``, ``flax_tieext/core/lift.py``,
+  ``docs/nnx.md``) must exist, from the repository root or from ``docs/``;
+* a dotted name that starts with ``flax_tieext.`` must import, attribute by
+  attribute (a trailing call, ``install()``, is dropped);
+* a dotted name whose first part is one of the package's own modules
+  (``ties.resolve``, ``tie_spec.normal_form``) must be an attribute of that
+  module, wherever in the package it lives.
+
+Flax's and JAX's names are not checked here: which exist depends on the
+release, and the pages' examples (``tests/test_docs_examples.py``) run them.
+Nor are Flax's own test files (``tests/linen/...``, from its sdist), build
+outputs, placeholders (``docs/upstream/NN-name.md``, ``flax_tieext.X``), or
+CHANGELOG.md, which records names as they were when each change was made.
+"""
+
+import importlib
+import pathlib
+import pkgutil
+import re
+
+import pytest
+
+import flax_tieext
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+TOP_DIRS = ('flax_tieext/', 'tests/', 'docs/', 'patches/', 'benchmarks/', 'tools/', '.ci/')
+SPAN = re.compile(r'(?<!`)`([^`\n]+)`(?!`)')
+DOTTED = re.compile(r'[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+')
+FLAX_TESTS = re.compile(r'tests/(core|linen|nnx)(/|$)')
+BUILD_OUTPUTS = ('docs/_build', '.nox', 'benchmarks/.benchmarks')
+PLACEHOLDER = re.compile(r'(^|[/._-])(N+|X)([/._-]|$)')
+FILE_SUFFIX = re.compile(r'\.(py|md|toml|cfg|json|png|txt|patch)$')
+
+
+def _own_modules():
+  """Short name -> the package's modules of that name (``ties`` -> core.ties)."""
+  modules = {}
+  for info in pkgutil.walk_packages(flax_tieext.__path__, 'flax_tieext.'):
+    if info.name.rsplit('.', 1)[-1] in {'demo', '__main__'}:
+      continue
+    modules.setdefault(info.name.rsplit('.', 1)[-1], []).append(info.name)
+  return modules
+
+
+OWN = _own_modules()
+
+
+def _resolves(dotted):
+  """Whether ``a.b.c`` names a module or an attribute chain that exists."""
+  parts = dotted.split('.')
+  for cut in range(len(parts), 0, -1):
+    try:
+      obj = importlib.import_module('.'.join(parts[:cut]))
+    except ImportError:
+      continue
+    for name in parts[cut:]:
+      if not hasattr(obj, name):
+        return False
+      obj = getattr(obj, name)
+    return True
+  return False
+
+
+def _problem(span):
+  """What is wrong with the code reference ``span`` (None: fine or not one)."""
+  text = span.strip()
+  if PLACEHOLDER.search(text) or FLAX_TESTS.match(text) or text.startswith(BUILD_OUTPUTS):
+    return None
+  if text.startswith(TOP_DIRS) and not re.search(r'\s|[*<>{}$]|::', text):
+    path = text.split(':')[0].rstrip('/')
+    if not ((ROOT / path).exists() or (ROOT / 'docs' / path).exists()):
+      return f'no file {path}'
+    return None
+  match = DOTTED.fullmatch(re.sub(r'\(.*\)$', '', text))
+  if not match or FILE_SUFFIX.search(text):
+    return None
+  dotted = match.group(0)
+  head, _, rest = dotted.partition('.')
+  if head == 'flax_tieext':
+    return None if _resolves(dotted) else f'{dotted} does not exist'
+  if head in OWN and head not in {'linen', 'nnx', 'core', 'lift', 'transforms', 'testing'}:
+    attr = rest.split('.')[0]
+    owners = OWN[head]
+    if not any(hasattr(importlib.import_module(m), attr) for m in owners):
+      return f'{dotted}: no {attr} in {", ".join(owners)}'
+  return None
+
+
+def _references():
+  for page in PAGES:
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+      for span in SPAN.findall(line):
+        yield page.relative_to(ROOT), number, span
+
+
+def test_the_checker_catches_what_it_is_for():
+  assert _problem('ties.refuse_declared_inside')
+  assert _problem('flax_tieext.no_such_name')
+  assert _problem('tests/no_such_test.py')
+  assert _problem('flax_tieext.install()') is None
+  assert _problem('tests/test_patch.py') is None
+  assert _problem('jax.checkpoint') is None  # not ours: not checked
+  assert _problem('tests/linen/linen_transforms_test.py') is None  # Flax's
+
+
+@pytest.mark.parametrize('page', [p.relative_to(ROOT) for p in PAGES], ids=str)
+def test_every_code_reference_names_something_that_exists(page):
+  wrong = [f'{p}:{n}: `{span}`: {why}'
+           for p, n, span in _references() if p == page
+           for why in [_problem(span)] if why]
+  assert not wrong, '\n'.join(wrong)
