@@ -300,7 +300,11 @@ def distributed(session):
 
 @nox.session
 def upstream(session):
-  """patches/main is current and applies; Flax's lint and core + linen suites pass on it."""
+  """patches/main is current and applies; Flax's lint and core + linen suites pass on it.
+
+  First, the JAX bug reports' reproducers (patches/jax/run.py) on each JAX
+  release of the matrix: one line each, reproduces / fixed / not-applicable.
+  """
   # Flax 0.12.8 with its JAX, what its tests import, and the lint versions
   # pinned in Flax's .pre-commit-config.yaml; pyflakes for what Flax's ruff
   # config (F401, unused imports, only) leaves out: undefined names, names
@@ -308,6 +312,33 @@ def upstream(session):
   session.install('flax==0.12.8', 'jax==0.10.2', 'jaxlib==0.10.2', 'optax', 'cloudpickle',
                   'pytest', 'pytest-xdist', 'ruff==0.1.3', 'pyupgrade==3.16.0',
                   'pyflakes==3.2.0')
+  # patches/jax/: each distinct (jax, jaxlib, Python) of PINS runs the
+  # reproducers in fresh interpreters: this session's jax here, every other
+  # in a throwaway venv .nox/_jax/jax-<version> holding only that jax and
+  # jaxlib, made once on the release's Python (a release whose Python is
+  # missing is skipped, saying so). It fails only if a reproducer crashes or
+  # prints another word. About 15 s with the venvs made, 70 s making them.
+  own = session.run('python', '-c', 'import importlib.metadata as m; print(m.version("jax"))',
+                    silent=True).strip()
+  for jax_v, jaxlib_v, python in sorted(set(PINS.values()),
+                                        key=lambda p: tuple(int(n) for n in p[0].split('.'))):
+    if jax_v == own:
+      session.run('python', 'patches/jax/run.py')
+      continue
+    if not _FOUND[python]:
+      session.log(f'patches/jax: jax {jax_v} skipped: its Python {python} is not here'
+                  f' (pyenv install {python})')
+      continue
+    env = ROOT / '.nox' / '_jax' / f'jax-{jax_v}'
+    if not (env / 'bin' / 'python').exists():
+      session.run(_FOUND[python], '-m', 'venv', str(env), external=True)
+    site = env / 'lib' / f'python{python}' / 'site-packages'
+    if not all((site / f'{d}-{v}.dist-info').is_dir()
+               for d, v in (('jax', jax_v), ('jaxlib', jaxlib_v))):
+      session.run(str(env / 'bin' / 'python'), '-m', 'pip', 'install', '-q',
+                  '--disable-pip-version-check', f'jax=={jax_v}', f'jaxlib=={jaxlib_v}',
+                  external=True)
+    session.run(str(env / 'bin' / 'python'), 'patches/jax/run.py', external=True)
   session.run('python', 'tools/upstream_verify.py')
 
 
