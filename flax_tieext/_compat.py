@@ -285,6 +285,10 @@ def nnx_remat(
       supplies_first=False)
   remat = functools.partial(
       nnx_facts()['NNX_REMAT'], prevent_cse=prevent_cse, policy=policy)
+  if statics.as_flax:  # static_argnums as the release's nnx.remat reads it
+    plain = remat(f, static_argnums=statics.plain)
+    return functools.wraps(f)(lambda *args, **kwargs: statics.apply(
+        lambda _, args, kwargs: plain(*args, **kwargs), args, kwargs))
 
   def merged(static):
     def call(args, kwargs):  # positional only: older graph modes need that

@@ -86,10 +86,40 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
     **kwargs: as for :class:`StaticArgs`.
   """
 
+  def __init__(self, *args, **kwargs):
+    try:
+      super().__init__(*args, **kwargs)
+    except TypeError as e:  # nn.checkpoint shifts static_argnums, as Flax
+      _add_note(e, self._flax_type_note())
+      raise
+
   def _type_error(self, name, value):
     return super()._type_error(name, value) + (
         ' To make arguments static by name, use static_argnames.'
         if name == 'static_argnums' else '')
+
+  def _flax_meaning_note(self):
+    """Why an index of Flax's own meaning may have missed the flag meant."""
+    return (
+        f'{self.transform}: static_argnums={self.given["static_argnums"]!r}'
+        ' names no parameter here (it is negative, not a Python int, or'
+        ' the slot of the argument the transform passes itself), so it keeps'
+        " Flax's own meaning: jax.checkpoint counts it over the arguments"
+        ' Flax passes it, which start with the variables. Name the argument'
+        ' instead, which also covers keyword and omitted calls:'
+        " static_argnames='<name>'."
+    )
+
+  def _flax_type_note(self):
+    """Our word on Flax's own TypeError for a ``static_argnums`` not of ints."""
+    value = self.given['static_argnums']
+    ints = (value,) if isinstance(value, int) else value
+    try:
+      if all(isinstance(i, int) for i in ints):
+        return None
+    except TypeError:  # not iterable
+      pass
+    return self._type_error('static_argnums', value)
 
   # -- the arguments given --------------------------------------------------
 
@@ -154,7 +184,7 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
       return specs[0].unresolved[key]
     candidates = list(dict.fromkeys(n for s in specs for n in s._nameable()))  # pylint: disable=protected-access
     close = difflib.get_close_matches(item, candidates, n=1)
-    return ValueError(
+    return (
         f"{specs[0].transform}: static_argnames contains '{item}', which is"
         ' not a parameter of any of the wrapped methods:\n'
         + ''.join(f'  {spec.display}\n' for spec in specs)
@@ -212,7 +242,10 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
         note = '<- ' + self.names.get(mark, 'static')
       if param.kind <= param.POSITIONAL_OR_KEYWORD:
         k = self.positional.index(param.name)
-        neg = '' if self.var_positional else str(k - n)
+        # A negative index names a parameter in nnx.remat's numbering only:
+        # elsewhere it keeps Flax's meaning, counted over jax.checkpoint's
+        # arguments (the variables first).
+        neg = '' if self.var_positional or self.supplies_first else str(k - n)
         rows.append((str(k + self.first_index), neg, str(param), note))
       elif param.kind is param.VAR_POSITIONAL:
         rows.append((f'{n + self.first_index}+', '', str(param), note))
@@ -363,6 +396,16 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
   # an error JAX or Flax raised, which keeps its type.
 
   def apply(self, f, args, kwargs):
+    if self.as_flax:  # Flax's own static_argnums: nothing resolved to explain
+      try:
+        return super().apply(f, args, kwargs)
+      except (jax.errors.ConcretizationTypeError,
+              jax.errors.TracerIntegerConversionError) as e:
+        _add_note(e, self._flax_meaning_note())
+        raise
+      except TypeError as e:
+        _add_note(e, self._flax_type_note())
+        raise
     static, dynamic_args, dynamic_kwargs = self.split(args, kwargs)
     try:
       return f(static, dynamic_args, dynamic_kwargs)

@@ -23,6 +23,8 @@ that an argument is static however it is passed.
 import difflib
 import functools
 import inspect
+
+import jax
 # pylint: enable=g-importing-member,unused-import
 
 
@@ -35,6 +37,14 @@ class StaticArgs:
   each call. As in ``jax.checkpoint``, nothing is checked until the first
   call. :meth:`split` takes a call apart, :meth:`merge` puts it back.
 
+  Without ``static_argnames``, only non-negative Python ints at or past
+  ``first_index`` are resolved. Any other ``static_argnums`` (negative, a
+  NumPy integer, a bool, a set...) keeps the meaning the transform gives it
+  without this resolver: ``as_flax`` says so, ``plain`` holds it as the
+  transform hands it on, and the transform passes it to ``jax.checkpoint``
+  itself (or, where it closes over static values, ``split`` picks the
+  positions as it did).
+
   Args:
     fn: the wrapped function.
     static_argnums: int or ints; the first argument the caller passes is
@@ -46,17 +56,30 @@ class StaticArgs:
       (a scope, ``self``) itself; an index of it makes nothing static.
     group: the methods wrapped with the same arguments (this one included): a
       name need be a parameter of one of them.
+    closes_over: whether the transform closes over the static arguments of
+      each call (``nn.partitioning.remat``), ignoring an index that matches no
+      argument, rather than handing ``static_argnums`` to ``jax.checkpoint``.
   """
 
   def __init__(self, fn, static_argnums=(), static_argnames=(), *,
                transform='checkpoint', first_index=0, supplies_first=True,
-               group=()):
+               group=(), closes_over=False):
     self.fn, self.transform, self.first_index = fn, transform, first_index
     self.supplies_first, self.group = supplies_first, group or (self,)
+    self.closes_over = closes_over
     self.given = {'static_argnums': static_argnums,
                   'static_argnames': static_argnames}
     self.static_argnums = _once(static_argnums, int)
     self.static_argnames = _once(static_argnames, str)
+    self.as_flax = self.static_argnames == () and not _resolvable(
+        static_argnums, first_index, closes_over)
+    self.plain = static_argnums
+    if self.as_flax:
+      # As the transform hands it on; nn.checkpoint, which counts `self`,
+      # shifts it here, where Flax does (a set raises TypeError here too).
+      if first_index and not closes_over:
+        self.plain = jax.tree_util.tree_map(lambda i: i - first_index,
+                                            static_argnums)
     self._resolved = None  # None: not bound; False: bound; True: checked
 
   def _resolve(self):
@@ -67,7 +90,9 @@ class StaticArgs:
       for spec in self.group:
         spec._bind()  # pylint: disable=protected-access
       if all(key in spec.unresolved for spec in self.group):
-        raise self._nowhere(self.group, key)
+        # A new error each call: one kept would keep each failed call's
+        # frames alive through its traceback.
+        raise ValueError(self._nowhere(self.group, key))
     self._resolved = True
 
   def _bind(self):
@@ -77,7 +102,7 @@ class StaticArgs:
     for what, value, one in (('static_argnums', self.static_argnums, int),
                              ('static_argnames', self.static_argnames, str)):
       if not isinstance(value, tuple) or not all(
-          isinstance(x, one) for x in value):
+          isinstance(x, one) and not isinstance(x, bool) for x in value):
         raise TypeError(self._type_error(what, self.given[what]))
     try:
       signature = inspect.signature(self.fn)
@@ -107,7 +132,7 @@ class StaticArgs:
         try:
           add(item)
         except ValueError as e:
-          self.unresolved[what, item] = e
+          self.unresolved[what, item] = str(e)
     self._resolved = False
 
   def _add_index(self, i):
@@ -117,8 +142,18 @@ class StaticArgs:
       self.positions[i if i < 0 else j] = i
     elif 0 <= j < n:
       self.names.setdefault(self.positional[j], f'static_argnums index {i}')
-    elif not (j == -1 and self.leading is not None):  # `self`: passed anyway
+    elif not (j == -1 and self.leading is not None  # `self`: passed anyway
+              or self._ignores_unmatched()):
       raise ValueError(self._index_error(i))
+
+  def _ignores_unmatched(self):
+    """Whether an index that matches no argument is ignored, as Flax does.
+
+    ``nn.partitioning.remat`` ignores it where Flax accepts the call: without
+    names, given a tuple or a list.
+    """
+    return (self.closes_over and self.static_argnames == ()
+            and type(self.given['static_argnums']) in (tuple, list))  # pylint: disable=unidiomatic-typecheck
 
   def _add_name(self, name):
     param = self.signature.parameters.get(name)
@@ -131,6 +166,7 @@ class StaticArgs:
 
   @staticmethod
   def _nowhere(specs, key):
+    """The message for ``key``, which resolves in none of ``specs``."""
     return specs[0].unresolved[key]
 
   def _type_error(self, what, value):
@@ -157,19 +193,29 @@ class StaticArgs:
 
   def split(self, args, kwargs):
     """``(static, args, kwargs)``: a call's static and traced arguments."""
-    if self.static_argnums == () and self.static_argnames == ():
+    if self.as_flax:
+      if not self.closes_over:  # jax.checkpoint reads static_argnums itself
+        return _NO_STATIC, args, kwargs
+      # As nn.partitioning's core_remat_static picks them.
+      plain = tuple(sorted(self.plain))
+      at = {i for i in range(len(args)) if i in plain}
+      names = {}
+    elif self.static_argnums == () and self.static_argnames == ():
       return _NO_STATIC, args, kwargs
-    self._resolve()
-    at = {i for i, name in enumerate(self.positional[:len(args)])
-          if name in self.names}
-    for j, i in self.positions.items():
-      if not -len(args) <= j < len(args):
-        raise ValueError(self._call_index_error(i, args))
-      at.add(j % len(args))
-    static = (tuple((i, args[i]) for i in sorted(at)),
-              tuple((k, v) for k, v in kwargs.items() if k in self.names))
+    else:
+      self._resolve()
+      names = self.names
+      at = {i for i, name in enumerate(self.positional[:len(args)])
+            if name in names}
+      for j, i in self.positions.items():
+        if -len(args) <= j < len(args):
+          at.add(j % len(args))
+        elif not self._ignores_unmatched():
+          raise ValueError(self._call_index_error(i, args))
+    static = (tuple((i, Static(args[i])) for i in sorted(at)),
+              tuple((k, Static(v)) for k, v in kwargs.items() if k in names))
     args = tuple(a for i, a in enumerate(args) if i not in at)
-    kwargs = {k: v for k, v in kwargs.items() if k not in self.names}
+    kwargs = {k: v for k, v in kwargs.items() if k not in names}
     return static, args, kwargs
 
   def apply(self, f, args, kwargs):
@@ -182,11 +228,52 @@ class StaticArgs:
       return args, kwargs
     args = list(args)
     for i, value in static[0]:
-      args.insert(i, value)
-    return tuple(args), {**kwargs, **dict(static[1])}
+      args.insert(i, value.value)
+    return tuple(args), {**kwargs, **{k: v.value for k, v in static[1]}}
 
 
 _NO_STATIC = ((), ())
+
+
+class Static:
+  """A static value, keyed as ``jax.checkpoint`` keys its static arguments.
+
+  By value where it is hashable, else by identity: the same NumPy array passed
+  at each call is the same key, and is traced once.
+  """
+
+  __slots__ = ('value', 'hashable', '_hash')
+
+  def __init__(self, value):
+    self.value = value
+    try:
+      self._hash, self.hashable = hash(value), True
+    except TypeError:
+      self._hash, self.hashable = id(value), False
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    if not isinstance(other, Static):
+      return NotImplemented
+    if self.hashable and other.hashable:
+      return self.value == other.value
+    return self.value is other.value
+
+
+def _resolvable(static_argnums, first_index, closes_over):
+  """Whether ``static_argnums`` means here what it means without names.
+
+  Non-negative Python ints at or past ``first_index`` name parameters: an int,
+  a tuple of them, or a list where the transform closes over static values
+  (``nn.partitioning.remat``, which sorts it; ``jax.checkpoint`` refuses
+  one). A bare int there is ours: Flax's ``sorted`` refuses it.
+  """
+  if type(static_argnums) is int:  # pylint: disable=unidiomatic-typecheck
+    static_argnums = (static_argnums,)
+  return type(static_argnums) in ((tuple, list) if closes_over else (tuple,)) and all(  # pylint: disable=unidiomatic-typecheck
+      type(i) is int and i >= first_index for i in static_argnums)  # pylint: disable=unidiomatic-typecheck
 
 
 def call_signature(fn):

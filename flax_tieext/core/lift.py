@@ -139,12 +139,20 @@ def _checkpoint(
           " https://docs.jax.dev/en/latest/jep/11830-new-remat-checkpoint.html"
       )
 
+    # Static values are closed over, not passed as jax.remat's static_argnums:
+    # nothing of a call outlives it (JAX would keep them in a cache), any
+    # value works, and scan(remat(...)) traces as it did with
+    # nn.partitioning's core_remat_static. Indices the resolver leaves to
+    # Flax's meaning (negative ones, say) go to jax.remat as Flax sends them.
+    static_argnums = ()
+    if statics.as_flax and not statics.closes_over:
+      static_argnums = jax.tree_util.tree_map(lambda x: x + 2, statics.plain)
+
     def remat_call(static, args, kwargs):
-      # Static values are closed over, never passed as jax.remat's
-      # static_argnums: nothing of a call outlives it (JAX would keep them in
-      # a cache), any value works, and scan(remat(...)) traces as it did with
-      # nn.partitioning's core_remat_static.
-      @functools.partial(jax.remat, prevent_cse=prevent_cse, policy=policy)
+      @functools.partial(
+        jax.remat, prevent_cse=prevent_cse, policy=policy,
+        static_argnums=static_argnums,
+      )
       @functools.wraps(fn)
       def rematted(variable_groups, rng_groups, *args, **kwargs):
         args, kwargs = statics.merge(static, args, kwargs)

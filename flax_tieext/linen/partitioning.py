@@ -108,6 +108,7 @@ def remat(
       methods,
       transform_name='nn.partitioning.remat',
       first_index=0,
+      closes_over=True,
       variables=variables,
       rngs=rngs,
       concrete=concrete,

@@ -59,6 +59,7 @@ def _checkpoint_lift_transform(
   first_index: int,
   static_argnums=(),
   static_argnames=(),
+  closes_over: bool = False,
   **kwargs,
 ):
   """``lift_transform`` of ``core_transform`` with static arguments resolved.
@@ -76,7 +77,8 @@ def _checkpoint_lift_transform(
 
   def resolve(fn, nums, names, index=first_index, name=transform_name):
     return _static_args.StaticArgs(
-      fn, nums, names, transform=name, first_index=index
+      fn, nums, names, transform=name, first_index=index,
+      closes_over=closes_over,
     )
 
   if not _is_module_class(target):  # a method, decorated

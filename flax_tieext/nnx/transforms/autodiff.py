@@ -159,11 +159,16 @@ def remat(
     statics, f_unbound, prevent_cse, policy, graph, graph_updates
   )
 
-  if not graph or not graph_updates:
+  if statics.as_flax or not graph or not graph_updates:
+    # As Flax's, with static_argnums as jax.checkpoint reads it where
+    # statics.as_flax (statics.apply then only explains its errors).
+    call = rematted
+    if statics.as_flax:
+      call = lambda _, args, kwargs: rematted(*args, **kwargs)
 
     @functools.wraps(f_unbound)
     def remat_wrapper(*args, **kwargs):
-      return statics.apply(rematted, args, kwargs)
+      return statics.apply(call, args, kwargs)
 
     return remat_wrapper  # type: ignore[return-value]
 
@@ -187,17 +192,26 @@ def _remat(
   graph: bool,
   graph_updates: bool,
 ) -> tp.Callable[..., tp.Any]:
-  """``f`` rematerialized, called as ``(static, args, kwargs)`` by ``statics``."""
+  """``f`` rematerialized, called as ``(static, args, kwargs)`` by ``statics``.
+
+  Where ``statics.as_flax``, ``f`` rematerialized as Flax's ``nnx.remat``
+  makes it, called as ``f`` is, with ``static_argnums`` for
+  ``jax.checkpoint``.
+  """
 
   def f_unbound(static, args, kwargs):
     args, kwargs = statics.merge(static, args, kwargs)
     return f(*args, **kwargs)
 
+  static_argnums = 0
+  if statics.as_flax:
+    f_unbound, static_argnums = f, statics.plain
+
   if not graph or not graph_updates:
     checkpointed_fn = jax.checkpoint(
       SimpleRematFn(f_unbound, graph=graph),
       prevent_cse=prevent_cse,
-      static_argnums=0,
+      static_argnums=static_argnums,
       policy=policy,
     )
 
@@ -221,7 +235,7 @@ def _remat(
         jax.checkpoint(
           general.merge_inputs(f_unbound, ctxtag='remat'),
           prevent_cse=prevent_cse,
-          static_argnums=0,
+          static_argnums=static_argnums,
           policy=policy,
         ),
         ctxtag='remat',
