@@ -239,25 +239,31 @@ class Static:
   """A static value, keyed as ``jax.checkpoint`` keys its static arguments.
 
   By value where it is hashable, else by identity: the same NumPy array passed
-  at each call is the same key, and is traced once.
+  at each call is the same key, and is traced once. Hashed only when a key is
+  needed (Linen closes static values over and never asks).
   """
 
-  __slots__ = ('value', 'hashable', '_hash')
+  __slots__ = ('value', '_key')
 
   def __init__(self, value):
-    self.value = value
-    try:
-      self._hash, self.hashable = hash(value), True
-    except TypeError:
-      self._hash, self.hashable = id(value), False
+    self.value, self._key = value, None
+
+  def key(self):
+    """``(hashable, hash)`` of the value, computed once."""
+    if self._key is None:
+      try:
+        self._key = (True, hash(self.value))
+      except TypeError:
+        self._key = (False, id(self.value))
+    return self._key
 
   def __hash__(self):
-    return self._hash
+    return self.key()[1]
 
   def __eq__(self, other):
     if not isinstance(other, Static):
       return NotImplemented
-    if self.hashable and other.hashable:
+    if self.key()[0] and other.key()[0]:
       return self.value == other.value
     return self.value is other.value
 
