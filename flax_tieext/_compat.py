@@ -41,15 +41,13 @@ JAX_VERSION: str = jax.__version__
 
 # -- Ties through lifted transforms --------------------------------------------
 # What each lifted transform does with a tie source outside it is its own
-# declaration: upstream, the ``tie_sources`` argument it passes to ``pack``.
-# Released Flax passes none, so the plugin declares it here for the
+# declaration. Released Flax has no such notion, so the plugin declares it for the
 # transforms of the supported releases, by the name they give ``pack``; one
 # not listed (a transform added later) declares nothing, which refuses a tie
 # source outside it with a TieError.
 
 
-# Pack name -> the tie_lift declaration; patches/series.toml passes the same
-# ones to pack upstream (tests/test_upstream.py checks that they agree).
+# Pack name -> the tie_lift declaration.
 TIE_SOURCES_BY_PACK_NAME = {
     'remat': 'LIFT', 'cond': 'LIFT', 'switch': 'LIFT', 'while_loop': 'LIFT',
     'map_variables': 'LIFT', 'fold_rngs': 'LIFT', 'jit': 'LIFT_CACHED',
@@ -76,13 +74,10 @@ def tie_sources_by_pack_name(partial_pack):
 
 
 # -- Ties in Scope's methods ---------------------------------------------------
-# Upstream, Scope.push, param, _collection, _mutable_collection, variables
-# and lift._partial_pack call into flax.core.ties / tie_vars / tie_lift from
-# their bodies when ties are in force (the edits of patches/series.toml). A
-# released Flax's bodies cannot be edited: each wrapper below runs Flax's own
-# method and makes the same calls at the same points (tests/test_upstream.py
-# checks that both call the same functions; `nox -s upstream` runs the tie
-# tests on the series). _patch binds them when the first tie is declared.
+# Scope.push, param, _collection, _mutable_collection, variables and
+# lift._partial_pack call into flax_tieext.core.ties / tie_vars / tie_lift
+# when ties are in force: each wrapper below runs Flax's own method and makes
+# those calls around it. _patch binds them when the first tie is declared.
 
 
 def scope_push(push):
@@ -227,8 +222,8 @@ def nnx_facts() -> dict[str, Any]:
       ),
       # Whether it has graph and tree modes (graph=, graph_updates=), as Flax
       # main has: then flax_tieext.nnx.remat is Flax main's own with
-      # static_argnames (flax_tieext/nnx/transforms/autodiff.py, PR 04 of
-      # patches/main); without them, nnx_remat below.
+      # static_argnames (flax_tieext/nnx/transforms/autodiff.py); without
+      # them, nnx_remat below.
       'NNX_REMAT_MODES': remat is not None and 'graph_updates' in (
           inspect.signature(remat).parameters),
   })
@@ -272,7 +267,7 @@ def nnx_remat(
   """``nnx.remat`` with ``static_argnames``, for an ``nnx.remat`` without modes.
 
   Flax 0.8.5 to 0.12.0: the release's own ``nnx.remat`` of ``f``, with the
-  static arguments resolved by ``_static_args.StaticArgs``, as Flax main's
+  static arguments resolved by ``_static_args.resolver``, as Flax main's
   does, and closed over at each call. Used as a decorator too, which Flax
   0.8's ``nnx.remat`` is not.
   """
@@ -280,7 +275,7 @@ def nnx_remat(
     return functools.partial(
         nnx_remat, prevent_cse=prevent_cse, static_argnums=static_argnums,
         static_argnames=static_argnames, policy=policy)
-  statics = _static_args.StaticArgs(
+  statics = _static_args.resolver(
       f, static_argnums, static_argnames, transform='nnx.remat',
       supplies_first=False)
   remat = functools.partial(

@@ -14,7 +14,7 @@
 
 """Static-argument mistakes explained in the terms of the user's signature.
 
-:class:`DiagnosedStaticArgs` is :class:`flax.static_args.StaticArgs` with
+:class:`DiagnosedStaticArgs` is ``flax_tieext.core._static_args.StaticArgs`` with
 errors that teach: a name that is not a parameter gets the nearest one, an
 index out of range gets the signature numbered as the transform counts. Those
 raise at the first call, as ``jax.checkpoint``'s own do. Everything else is a
@@ -533,3 +533,7 @@ def _add_note(error, note):
   elif error.args and isinstance(error.args[0], str):
     if note not in error.args[0]:
       error.args = (f'{error.args[0]}\n\n{note}',) + error.args[1:]
+
+
+# The transforms build this class (``_static_args.resolver``).
+static_args.resolver = DiagnosedStaticArgs

@@ -329,7 +329,7 @@ def _once(x, one):
     return x
 
 
-# The plugin explains static-argument mistakes further (a layer that stays in
-# the plugin, flax_tieext/_static_args_diagnostics.py): its transforms build
-# it under this name. Being an import, this line stays behind upstream.
-from flax_tieext._static_args_diagnostics import DiagnosedStaticArgs as StaticArgs  # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
+# The class the transforms build. The plugin's diagnostics
+# (flax_tieext/_static_args_diagnostics.py, imported with the package) set
+# their subclass here, which explains mistakes in the user's terms.
+resolver = StaticArgs

@@ -14,11 +14,9 @@
 
 """Lifted transforms added or extended by flax_tieext.
 
-This module is written as a part of ``flax/core/lift.py``: every public
-function here is transplanted verbatim into that file by
-``tools/upstream.py`` (the upstream-ready diffs in ``patches/``), so
-function bodies use only names that ``flax/core/lift.py`` itself defines or
-imports. The import block below is the only part that differs.
+Written in the layout and style of ``flax/core/lift.py``, beside whose
+transforms the patch installs these. What is sent to Flax is smaller
+(``patches/flax/``).
 """
 
 # pylint: disable=g-importing-member
@@ -111,7 +109,7 @@ def checkpoint(
       fn, variables, rngs, concrete, prevent_cse, static_argnums, policy,
       static_argnames,
     )
-  statics = _static_args.StaticArgs(
+  statics = _static_args.resolver(
     fn, static_argnums, static_argnames, transform='lift.checkpoint'
   )
   return _checkpoint(fn, statics, variables, rngs, concrete, prevent_cse, policy)

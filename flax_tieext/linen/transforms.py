@@ -14,9 +14,8 @@
 
 """Module-level lifted transforms added or extended by flax_tieext.
 
-Written as a part of ``flax/linen/transforms.py``: each public function is
-transplanted verbatim into that file by ``tools/upstream.py``. Like
-upstream's transforms these are thin: they map Module methods to the
+Written in the layout and style of ``flax/linen/transforms.py``. Like Flax's
+transforms these are thin: they map Module methods to the
 functional-core transforms in ``flax_tieext.core.lift`` via
 ``lift_transform``.
 """
@@ -76,7 +75,7 @@ def _checkpoint_lift_transform(
     return lift._checkpoint(fn, statics, **kwargs)
 
   def resolve(fn, nums, names, index=first_index, name=transform_name):
-    return _static_args.StaticArgs(
+    return _static_args.resolver(
       fn, nums, names, transform=name, first_index=index,
       closes_over=closes_over,
     )

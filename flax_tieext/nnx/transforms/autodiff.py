@@ -14,10 +14,9 @@
 
 """``nnx.remat`` with ``static_argnames``: Flax main's ``nnx.remat``.
 
-Written as a part of ``flax/nnx/transforms/autodiff.py`` (graph and tree
-modes, as Flax main has them) and moved into that file verbatim by
-``tools/upstream.py``. Static arguments are resolved by ``flax.core._static_args``
-(here ``flax_tieext.core._static_args``), the resolver behind every Linen
+Written as ``flax/nnx/transforms/autodiff.py`` has it (graph and tree
+modes, as Flax main has them). Static arguments are resolved by
+``flax_tieext.core._static_args``, the resolver behind every Linen
 checkpoint, so ``nnx.remat`` accepts the same arguments and explains the same
 mistakes in the same words. Only the import
 block below differs. A Flax whose ``nnx.remat`` has no graph or tree modes
@@ -151,7 +150,7 @@ def remat(
   if was_bound:
     _raise_bound_method_error('remat')
 
-  statics = _static_args.StaticArgs(
+  statics = _static_args.resolver(
     f_unbound, static_argnums, static_argnames, transform='nnx.remat',
     supplies_first=False,
   )
