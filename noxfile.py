@@ -223,9 +223,8 @@ def _plain_and_patched(session, suite, *tests, cwd, options=(), root=None):
   Fails unless every test that passes without the patch passes with it (and
   at least one does), with no failure. A test that passes patched needs no
   plain run, so only the tests the patched run does not pass (its skips: a
-  failure fails the session) run plain, where none may pass either. This is
-  how `tools/upstream_verify.py` compares the series' trees, and it saves the
-  second run of every test. `options` go to both runs; `root` is pytest's
+  failure fails the session) run plain, where none may pass either. This
+  saves the second run of every test. `options` go to both runs; `root` is pytest's
   rootdir, which the reports' test ids are relative to (default: `cwd`).
   """
   options = ('-n', '2', '-p', 'no:cacheprovider', '-rfE', '--tb=short', *options)
@@ -295,15 +294,16 @@ def distributed(session):
           *(session.posargs or ['tests/distributed/long', *default_run]))
 
 
-# -- patches/main: the upstream PR series (tools/upstream.py) -------------------
+# -- patches/: what JAX and Flax get (docs/upstream_patches.md) -------------------
 
 
 @nox.session
 def upstream(session):
-  """patches/main is current and applies; Flax's lint and core + linen suites pass on it.
+  """patches/: the JAX reproducers per JAX release; the Flax PRs apply, lint and pass Flax's suites.
 
   First, the JAX bug reports' reproducers (patches/jax/run.py) on each JAX
   release of the matrix: one line each, reproduces / fixed / not-applicable.
+  Then tools/upstream_verify.py on the Flax PRs (patches/flax/).
   """
   # Flax 0.12.8 with its JAX, what its tests import, and the lint versions
   # pinned in Flax's .pre-commit-config.yaml; pyflakes for what Flax's ruff

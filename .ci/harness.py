@@ -34,10 +34,10 @@ import xml.etree.ElementTree as ET
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SDISTS = ROOT / '.nox' / '_sdists'
 SIMPLE_INDEX = 'https://pypi.org/simple/flax/'
-# Flax's tests of nnx.remat, the one NNX transform the plugin (and the
-# upstream series) replaces, in its sdist: `-k remat` selects TestRemat and
-# the tests of remat inside other transforms (19 of the 530 in Flax 0.12.8's
-# file; the rest test transforms neither changes).
+# Flax's tests of nnx.remat, the one NNX transform the plugin replaces, in its
+# sdist: `-k remat` selects TestRemat and the tests of remat inside other
+# transforms (19 of the 530 in Flax 0.12.8's file; the rest test transforms it
+# does not change).
 NNX_REMAT_TESTS = ('tests/nnx/transforms_test.py', '-k', 'remat')
 
 

@@ -65,9 +65,9 @@ class _Binding:
 class _Use:
   """A replacement that does not need Flax's original: ``obj`` itself.
 
-  Its docstring, which ``help()`` and the API page show, is the one written
-  for Flax (``tools/upstream.py`` moves it there verbatim), where ``nn.tie``
-  and ``static_argnames`` need no plugin. Here its examples need the patch,
+  Its docstring, which ``help()`` and the API page show, is written as for
+  Flax, where ``nn.tie`` and ``static_argnames`` would need no plugin. Here
+  its examples need the patch,
   so the docstring shown gains ``import flax_tieext`` (:func:`with_import`),
   on ``obj`` and on what it wraps (``flax_tieext.lift.tie`` for a guard).
   """

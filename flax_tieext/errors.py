@@ -49,8 +49,8 @@ class TieError(FlaxError):
   """
 
 
-# Plugin only: Flax's error page has no entry for TieError until the upstream
-# series adds it, so the message points at the docstring that explains it.
+# Plugin only: Flax's error page has no entry for TieError, so the message
+# points at the docstring that explains it.
 def _init_tie_error(self, message):
   Exception.__init__(self, f'{message} (see help(flax_tieext.TieError))')
 

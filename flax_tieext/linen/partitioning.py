@@ -14,9 +14,9 @@
 
 """``nn.partitioning.remat`` with ``static_argnames``.
 
-Written as a part of ``flax/linen/partitioning.py`` (see
-``tools/upstream.py``). Upstream counts ``static_argnums`` here *without*
-``self`` (HF transformers relies on that); that numbering is kept.
+Written in the layout of ``flax/linen/partitioning.py``. Flax counts
+``static_argnums`` here *without* ``self`` (HF transformers relies on that);
+that numbering is kept.
 
 ``core_remat_static`` closed over static arguments to work around a
 ``scan(remat(...))`` bug of ``jax.remat``'s ``static_argnums`` (its TODO asked

@@ -14,10 +14,8 @@
 
 """Tests for ties in flax.core: the tie record, ties as scope state, lift.tie."""
 
-# The test classes of Flax's tests/core/core_tie_test.py, a file the series adds (docstring
-# included): `tools/upstream.py` moves them there. Written once, in Flax's
-# names: here they run on Flax with the plugin installed, upstream on Flax
-# with the series applied. Only this import block stays behind.
+# In the style of Flax's own tests: they run on Flax with the plugin installed.
+# Upstream, ties are a design question first (patches/flip/).
 
 
 import itertools

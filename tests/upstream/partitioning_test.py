@@ -12,11 +12,10 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Test classes that `tools/upstream.py` moves into Flax's tests/linen/partitioning_test.py.
+"""``nn.partitioning.remat``'s static arguments, in the style of Flax's tests/linen/partitioning_test.py.
 
-Written once, in Flax's names: here they run on Flax with the plugin installed
-(`import flax_tieext`), upstream on Flax with the series applied. Only this
-import block stays behind.
+They run on Flax with the plugin installed (``import flax_tieext``). What
+upstream gets is ``patches/flax/``, a smaller change with tests of its own.
 """
 
 from absl.testing import parameterized

@@ -12,11 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Test classes that `tools/upstream.py` moves into Flax's tests/nnx/transforms_test.py.
+"""``nnx.remat``'s static arguments, in the style of Flax's tests/nnx/transforms_test.py.
 
-Written once, in Flax's names: here they run on Flax with the plugin installed
-(`import flax_tieext`), upstream on Flax with the series applied. Only this
-import block stays behind.
+They run on Flax with the plugin installed (``import flax_tieext``). Upstream,
+``nnx.remat`` gets ``static_argnames`` once ``jax.checkpoint`` honours it
+(``patches/README.md``).
 """
 
 from absl.testing import parameterized
