@@ -285,6 +285,10 @@ def nnx_remat(
     return functools.wraps(f)(lambda *args, **kwargs: statics.apply(
         lambda _, args, kwargs: plain(*args, **kwargs), args, kwargs))
 
+  # One remat per static value, kept as jax.checkpoint keeps its traces (an
+  # LRU of JAX's size, alive with this wrapper): the same static value, an
+  # unhashable one by identity, traces once, as on the release's own remat.
+  @functools.lru_cache(maxsize=2048)
   def merged(static):
     def call(args, kwargs):  # positional only: older graph modes need that
       args, kwargs = statics.merge(static, args, kwargs)

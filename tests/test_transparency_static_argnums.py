@@ -196,6 +196,11 @@ CASES = {
         'w = np.ones(3)',
         'for _ in range(4): r(x, w)\n'
         'out = {"traces": len(traces)}'),
+    'nnx_hashable_static_value': (
+        'traces = []\n'
+        'r = nnx.remat(lambda x, w: traces.append(1) or x * w, static_argnums=(1,))',
+        'for _ in range(4): r(x, 3.0)\n'
+        'out = {"traces": len(traces)}'),
     'nnx_unhashable_static_list_tree_mode': (
         'traces = []\n'
         'r = nnx.remat(lambda x, w: traces.append(1) or x * sum(w),'
