@@ -47,22 +47,11 @@ JAX_VERSION: str = jax.__version__
 # source outside it with a TieError.
 
 
-# Pack name -> the tie_lift declaration.
-TIE_SOURCES_BY_PACK_NAME = {
-    'remat': 'LIFT', 'cond': 'LIFT', 'switch': 'LIFT', 'while_loop': 'LIFT',
-    'map_variables': 'LIFT', 'fold_rngs': 'LIFT', 'jit': 'LIFT_CACHED',
-    'vmap': 'BROADCAST', 'scan': 'BROADCAST', 'vjp': 'CLOSE_OVER',
-    'jvp': 'CLOSE_OVER', 'value_and_grad': 'CLOSE_OVER',
-    'custom_vjp': 'CLOSE_OVER',
-}
-
-
 def tie_sources_by_pack_name(partial_pack):
   """``partial_pack`` (tie-aware) called with each released transform's declaration."""
-  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
 
-  declared = {name: getattr(tie_lift, kind)
-              for name, kind in TIE_SOURCES_BY_PACK_NAME.items()}
+  declared = ties.BY_PACK_NAME
 
   @functools.wraps(partial_pack)
   def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,

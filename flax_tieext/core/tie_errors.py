@@ -214,10 +214,11 @@ def declared_inside(tie, col: str, where: str, transform: str) -> TieError:
   return tie_error(
       f'The {tie.describe(col)} is used inside nn.{transform} at {where}, and'
       f' its source {text(tie.source)} lies outside that {transform}, but the'
-      f' tie is declared inside the {transform}: a tie declared inside a'
-      ' lifted transform reaches only the paths inside it'
-      + (' (the compiled function would keep a stale copy of the source).'
-         if transform == 'jit' else '.'),
+      f' tie is declared inside the {transform}: '
+      + ('nn.jit reuses its compiled trace, which would keep a stale copy of'
+         ' the source.' if transform == 'jit' else
+         f'the {transform} did not make its outer scopes reachable from'
+         ' inside, so the source cannot be read there.'),
       'Declare the tie at a module that contains both paths (their common'
       f' ancestor), outside the {transform}.')
 

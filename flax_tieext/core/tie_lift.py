@@ -35,9 +35,15 @@ import jax
 from flax.core.frozen_dict import freeze
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import is_within, walk
-from flax_tieext.core.ties import (
+from flax_tieext.core.ties import (  # pylint: disable=unused-import
+    BROADCAST,
+    CLOSE_OVER,
+    LIFT,
+    LIFT_CACHED,
     LIFT_FLAG,
     TIES_FLAG,
+    Lift as _Lift,
+    TieSources,
     in_force,
     lift_record as _lift,
     locate,
@@ -48,49 +54,6 @@ from flax_tieext.core.ties import (
 
 # Scope's privates are this module's to use, as lift.py uses them.
 # pylint: disable=protected-access
-
-
-@dataclasses.dataclass(frozen=True)
-class TieSources:
-  """What a lifted transform does with a tie source that lies outside it.
-
-  Attributes:
-    lifts: the source's scope is lifted with the target, with its variables
-      (as Flax lifts a Module attribute). Otherwise the source is read as a
-      closed-over, read-only value.
-    maps: the transform maps over an axis: the source's rngs are lifted (and
-      split like every lifted scope's), its variables stay a broadcast value.
-    caches_trace: the transform reuses its trace, so a closed-over source
-      would go stale.
-  """
-
-  lifts: bool = False
-  maps: bool = False
-  caches_trace: bool = False
-
-
-# remat, cond, switch, while_loop, map_variables, fold_rngs
-LIFT = TieSources(lifts=True)
-LIFT_CACHED = TieSources(lifts=True, caches_trace=True)  # jit
-BROADCAST = TieSources(maps=True)  # vmap, scan
-CLOSE_OVER = TieSources()  # vjp, jvp, value_and_grad, custom_vjp
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Lift:
-  """What an inner root scope of a lifted transform stands for.
-
-  Kept in the inner root's flags (``ties.LIFT_FLAG``), where ``ties.reach``
-  reads it.
-  """
-
-  outer: Any  # the outer scope
-  siblings: tuple  # the inner roots of the same pack (tie sources included)
-  name: str  # the pack's name
-  maps: bool  # the transform maps over an axis (see TieSources)
-  caches_trace: bool  # the transform reuses its trace (see TieSources)
-  rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
-  closure: Any  # the _Lift of the transform whose closed-over values it holds
 
 
 def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
@@ -314,7 +277,7 @@ def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
 
   None where no scope of ``scope_tree`` has ties in force: Flax's own packing,
   and nothing of ties in its inner scopes (a tie declared inside the
-  transform reaches only what is inside it).
+  transform finds the outer scope when it first looks, ``ties.lift_record``).
   """
   scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
   if not any(TIES_FLAG in s.flags for s in scopes):

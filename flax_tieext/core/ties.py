@@ -33,6 +33,8 @@ source's variables, checked and dropped when the declaring call returns
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -60,13 +62,63 @@ from flax_tieext.core.tie_spec import (
 # pylint: disable=protected-access
 
 TIES_FLAG = '__ties__'
-# On an inner root of a lifted transform: what it stands for, recorded by
-# tie_lift and kept by rewound(): ``outer`` (the scope it was lifted from),
-# ``siblings`` (the inner roots of the same pack), the transform's ``name``,
-# ``maps`` and ``caches_trace``, ``rngs_only`` (a source lifted for its rngs)
-# and ``closure`` (the record of the transform whose closed-over values it
-# holds, or None).
+# On an inner root of a lifted transform: what it stands for (a Lift),
+# recorded by tie_lift and kept by rewound().
 LIFT_FLAG = '__tie_lift__'
+
+
+@dataclasses.dataclass(frozen=True)
+class TieSources:
+  """What a lifted transform does with a tie source that lies outside it.
+
+  Attributes:
+    lifts: the source's scope is lifted with the target, with its variables
+      (as Flax lifts a Module attribute). Otherwise the source is read as a
+      closed-over, read-only value.
+    maps: the transform maps over an axis: the source's rngs are lifted (and
+      split like every lifted scope's), its variables stay a broadcast value.
+    caches_trace: the transform reuses its trace, so a closed-over source
+      would go stale.
+  """
+
+  lifts: bool = False
+  maps: bool = False
+  caches_trace: bool = False
+
+
+# remat, cond, switch, while_loop, map_variables, fold_rngs
+LIFT = TieSources(lifts=True)
+LIFT_CACHED = TieSources(lifts=True, caches_trace=True)  # jit
+BROADCAST = TieSources(maps=True)  # vmap, scan
+CLOSE_OVER = TieSources()  # vjp, jvp, value_and_grad, custom_vjp
+
+# Each released transform's declaration, by the name it gives ``pack``
+# (upstream, an argument of ``pack`` at each transform). A transform not
+# listed (added later) declares nothing: a tie source outside it is refused.
+BY_PACK_NAME = {
+    'remat': LIFT, 'cond': LIFT, 'switch': LIFT, 'while_loop': LIFT,
+    'map_variables': LIFT, 'fold_rngs': LIFT, 'jit': LIFT_CACHED,
+    'vmap': BROADCAST, 'scan': BROADCAST, 'vjp': CLOSE_OVER,
+    'jvp': CLOSE_OVER, 'value_and_grad': CLOSE_OVER, 'custom_vjp': CLOSE_OVER,
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Lift:
+  """What an inner root scope of a lifted transform stands for.
+
+  Kept in the inner root's flags (:data:`LIFT_FLAG`) where a tie was in force
+  when the transform packed its scopes (``tie_lift``); otherwise found when
+  first asked (:func:`lift_record`).
+  """
+
+  outer: Any  # the outer scope
+  siblings: tuple  # the inner roots of the same pack (tie sources included)
+  name: str  # the pack's name
+  maps: bool  # the transform maps over an axis (see TieSources)
+  caches_trace: bool  # the transform reuses its trace (see TieSources)
+  rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
+  closure: Any  # the Lift of the transform whose closed-over values it holds
 
 
 def in_force(scope) -> InForce | None:
@@ -128,8 +180,57 @@ def declare(scope, ties: Mapping[str, Any],
 
 def lift_record(scope):
   """What the root of ``scope`` stands for in a lifted transform, or None."""
-  flags = scope.root.flags
-  return flags[LIFT_FLAG] if LIFT_FLAG in flags else None
+  root = scope.root
+  flags = root.flags
+  if LIFT_FLAG in flags:
+    return flags[LIFT_FLAG]
+  if root.parent is None and root.path:  # an inner root packed with no tie
+    found = vars(root).get('_tie_unrecorded', False)
+    if found is False:
+      found = root._tie_unrecorded = _packed_from(root)
+    return found
+  return None
+
+
+def _pack_frames():
+  """The code of ``lift.pack``'s wrapper: its frames hold the packed scopes."""
+  from flax.core import lift  # pylint: disable=g-import-not-at-top
+  if not _PACK_CODES:
+    _PACK_CODES.update(c for c in lift.pack.__code__.co_consts
+                       if isinstance(c, types.CodeType)
+                       and 'scope_tree' in c.co_varnames)
+  return _PACK_CODES
+
+
+_PACK_CODES: set = set()
+
+
+def _packed_from(root) -> Lift | None:
+  """What an inner root that ``pack`` recorded nothing on stands for.
+
+  A transform packs its scopes without a word of ties where none was in
+  force (untied code pays nothing), so a tie declared inside it finds its
+  outer scope here, once per inner root: lifted transforms trace their
+  function while ``pack`` runs, so the ``pack`` call that made ``root`` is on
+  the stack, with the scope ``root`` was made from (the same path, the same
+  rng counters). The source outside is then a closed-over value, as for a
+  transform that does not lift it (``tie_lift.CLOSE_OVER``): read-only,
+  current at every trace, and refused where the transform reuses its trace.
+  """
+  codes = _pack_frames()
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code in codes:
+      here = frame.f_locals
+      for outer in jax.tree_util.tree_leaves(here.get('scope_tree')):
+        if (getattr(outer, 'rng_counters', None) is root.rng_counters
+            and outer.path == root.path and outer.root is not root):
+          name = here.get('name') or 'transform'
+          sources = BY_PACK_NAME.get(name, LIFT_CACHED)  # unknown: refused
+          return Lift(outer, (root,), name, sources.maps,
+                      sources.caches_trace, False, None)
+    frame = frame.f_back
+  return None
 
 
 def locate(scope, path: Path, rngs: bool = False):
@@ -303,16 +404,16 @@ def resolve(scope, tie: Tie, col: str, *, write: bool, given: bool,
 
 
 def declared_inside(tie: Tie, col: str, crossed):
-  """The transform ``tie`` was declared inside of, if its source is outside.
+  """The transform ``tie`` was declared inside of, where that is refused.
 
-  A tie declared inside a lifted transform reaches only what it lifts: its
-  source outside the transform was not lifted into it (the tie was not in
-  force when the transform packed its scopes), so there is no value to read
-  that would stay current (under ``nn.jit`` a compiled function would keep a
-  stale copy). One rule for every transform, whatever else is tied.
+  A tie declared inside a lifted transform reads its source outside as a
+  closed-over value (the transform did not lift it: the tie was not in force
+  when it packed its scopes), current wherever the transform traces at every
+  call. A transform that reuses its trace (``nn.jit``) would keep a stale
+  copy: there it is refused.
   """
   for lift in crossed:
-    if tie_at(lift.outer, tie.target, col) is None:
+    if lift.caches_trace and tie_at(lift.outer, tie.target, col) is None:
       return lift
   return None
 
@@ -690,7 +791,22 @@ def _drop(scope, path: Path, col: str):
       break
     parent = stored(scope, path[:end - 1], col)
     if isinstance(parent, MutableMapping):
-      parent.pop(path[end - 1], None)
+      dropped = parent.pop(path[end - 1], None)
+      _forget(scope, path[:end], col, dropped)
+
+
+def _forget(scope, path: Path, col: str, dropped):
+  """Makes the scope at ``path`` above ``scope`` forget a dict just dropped.
+
+  Its call may still be running (a tie declared in a child of a module that
+  has stored nothing else yet): it finds its collection anew, where Flax
+  creates it, at its next write.
+  """
+  s = scope
+  while s is not None and s.path != path:
+    s = s.parent
+  if s is not None and dropped is not None and s._variables.get(col) is dropped:
+    del s._variables[col]
 
 
 def _check_copy(tie: Tie, col: str, copy, source, flat_source=None):

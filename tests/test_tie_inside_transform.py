@@ -1,0 +1,262 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""The original pattern: a tie declared inside the rematted layer, its source a sibling outside.
+
+The user's report: an attention mask in a custom collection (``graph``), made
+by the first block and tied in every later one, stops being reachable once
+the blocks are rematted. Each block declares its own tie (``nn.tie`` of its
+``SelfAttention`` class) with the source ``/block_0/SelfAttention`` outside
+its transform. The reference is what Flax offers a user: one
+``SelfAttention`` instance passed into every block (remat family, ``cond``,
+``map_variables``), or, where Flax cannot lift an outer instance
+(``nn.scan``, ``nn.vmap``), the mask passed in as a value. The tied model
+must equal it in outputs, stored tree and gradients; a write to the source
+and a tie inside ``nn.jit`` (which would keep a stale copy) are refused.
+"""
+
+import functools
+
+import flax.linen as nn
+import flax.linen.partitioning  # pylint: disable=unused-import
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flax_tieext  # pylint: disable=unused-import
+from flax_tieext import TieError
+
+pytestmark = pytest.mark.needs_patch
+
+D = 4
+X = jax.random.normal(jax.random.key(1), (2, D))
+SOURCE = '/block_0/SelfAttention'
+
+
+class SelfAttention(nn.Module):
+  """Reads a mask from ``graph`` (``col='graph'``) or has parameters."""
+
+  col: str = 'graph'
+
+  @nn.compact
+  def __call__(self, x, mask=None):
+    if self.col == 'graph':
+      if mask is None:
+        mask = self.variable('graph', 'mask',
+                             lambda: jnp.tril(jnp.ones((D, D)))).value
+      return x @ (0.5 * mask)
+    return jnp.tanh(nn.Dense(D, name='q')(x))
+
+
+class TiedBlock(nn.Module):
+  """The user's block: block 0 owns the attention, the others tie to it."""
+
+  idx: int
+  col: str = 'graph'
+  source: str = SOURCE
+
+  @nn.compact
+  def __call__(self, x):
+    attn = SelfAttention if self.idx == 0 else nn.tie(
+        SelfAttention, {'.': self.source}, collections=self.col)
+    return x + nn.Dense(D, name='ff')(attn(self.col, name='SelfAttention')(x))
+
+
+class SharedBlock(nn.Module):
+  """The reference's block: calls the one attention instance it is given."""
+
+  attn: nn.Module
+
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(D, name='ff')(self.attn(x))
+
+
+def nested_remat(cls):
+  return nn.remat(nn.remat(cls))
+
+
+def through_cond(cls):
+  """``cls`` called inside ``nn.cond`` (both branches call it)."""
+
+  class Cond(nn.Module):
+    args: tuple = ()
+
+    @nn.compact
+    def __call__(self, x):
+      block = cls(*self.args, name='m')
+      return nn.cond(True, lambda m, x: m(x), lambda m, x: m(x), block, x)
+
+  return lambda *args, name: Cond(args, name=name)
+
+
+def through_map_variables(cls):
+  return nn.map_variables(cls, ['params', 'graph'], lambda t: t, lambda t: t,
+                          mutable=True)
+
+
+WRAPS = {  # the wrap, and where block 0's attention sits under it
+    'no transform': (lambda cls: cls, SOURCE),
+    'nn.remat': (nn.remat, SOURCE),
+    'nn.checkpoint': (nn.checkpoint, SOURCE),
+    'nn.partitioning.remat': (nn.partitioning.remat, SOURCE),
+    'nested nn.remat': (nested_remat, SOURCE),
+    'nn.cond': (through_cond, '/block_0/m/SelfAttention'),
+    'nn.map_variables': (through_map_variables, SOURCE),
+}
+
+
+def encoders(wrap, col, source=SOURCE):
+  """(tied, reference) encoders of three blocks, each block wrapped."""
+
+  class Tied(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      for i in range(3):
+        x = wrap(TiedBlock)(i, col, source, name=f'block_{i}')(x)
+      return x
+
+  class Reference(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      attn = SelfAttention(col, name='SelfAttention')
+      for i in range(3):
+        x = wrap(SharedBlock)(attn, name=f'block_{i}')(x)
+      return x
+
+  return Tied(), Reference()
+
+
+def to_reference(tree):
+  """The tied layout in the reference's: the source moves to the root."""
+  out = {}
+  for col, node in tree.items():
+    node = dict(node)
+    owner = node['block_0'] = dict(node['block_0'])
+    if 'm' in owner:  # nn.cond nests the block under 'm'
+      owner['m'] = dict(owner['m'])
+      owner = owner['m']
+    if 'SelfAttention' in owner:
+      node['SelfAttention'] = owner.pop('SelfAttention')
+    out[col] = pruned(node)
+  return out
+
+
+def pruned(node):
+  """``node`` without the empty dicts that moving the source leaves."""
+  if not isinstance(node, dict):
+    return node
+  node = {k: pruned(v) for k, v in node.items()}
+  return {k: v for k, v in node.items() if not isinstance(v, dict) or v}
+
+
+def perturbed(tree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  return treedef.unflatten(
+      [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def assert_trees_close(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  jax.tree_util.tree_map(
+      functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
+
+
+@pytest.mark.parametrize('col', ['graph', 'params'])
+@pytest.mark.parametrize('wrap', list(WRAPS))
+def test_tie_inside_the_transform_equals_one_shared_instance(wrap, col):
+  tied, reference = encoders(*WRAPS[wrap][:1], col, WRAPS[wrap][1])
+  variables = tied.init(jax.random.key(0), X)
+  # Stored once: the same tree as the reference's, in the tied layout.
+  assert_trees_close(jax.tree_util.tree_map(jnp.shape, to_reference(variables)),
+                     jax.tree_util.tree_map(jnp.shape,
+                                            reference.init(jax.random.key(0), X)))
+  variables = perturbed(variables)  # every use reads the current value
+  np.testing.assert_allclose(tied.apply(variables, X),
+                             reference.apply(to_reference(variables), X),
+                             rtol=1e-6)
+  loss = lambda model, v: jnp.sum(model.apply(v, X) ** 2)
+  grads = jax.grad(functools.partial(loss, tied))(variables)
+  ref_grads = jax.grad(functools.partial(loss, reference))(to_reference(variables))
+  assert_trees_close(to_reference(grads), ref_grads)  # summed over all uses
+  jitted = jax.jit(jax.grad(functools.partial(loss, tied)))(variables)
+  assert_trees_close(to_reference(jitted), ref_grads)
+
+
+class MaskLayer(nn.Module):
+  """A stacked layer: its attention ties to the mask outside, or is given it."""
+
+  tied: bool = True
+
+  @nn.compact
+  def __call__(self, x, mask=None):
+    attn = nn.tie(SelfAttention, {'.': '/mask_owner'},
+                  collections='graph') if self.tied else SelfAttention
+    y = x + nn.Dense(D, name='ff')(attn(name='SelfAttention')(x, mask))
+    return y, None
+
+
+def stacked(kind, cls):
+  common = dict(variable_axes={'params': 0}, split_rngs={'params': True})
+  if kind == 'nn.scan':
+    return nn.scan(cls, length=3, in_axes=nn.broadcast, **common)
+  if kind == 'nn.scan of nn.remat':
+    return nn.scan(nn.remat(cls), length=3, in_axes=nn.broadcast, **common)
+  return nn.vmap(cls, in_axes=(0, None), out_axes=0, **common)
+
+
+@pytest.mark.parametrize('kind', ['nn.scan', 'nn.scan of nn.remat', 'nn.vmap'])
+def test_tie_inside_a_stack_reads_the_mask_outside(kind):
+  x = X if kind != 'nn.vmap' else jnp.stack([X[0]] * 3)
+
+  class Tied(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      SelfAttention(name='mask_owner')(x)
+      y, _ = stacked(kind, MaskLayer)(name='layers')(x, None)
+      return y
+
+  class Reference(nn.Module):  # the mask passed in as a value
+
+    @nn.compact
+    def __call__(self, x):
+      owner = SelfAttention(name='mask_owner')
+      owner(x)
+      mask = owner.variables['graph']['mask']
+      y, _ = stacked(kind, functools.partial(MaskLayer, False))(
+          name='layers')(x, mask)
+      return y
+
+  variables = Tied().init(jax.random.key(0), x)
+  assert list(variables['graph']) == ['mask_owner']  # stored once
+  variables = perturbed(variables)
+  np.testing.assert_allclose(Tied().apply(variables, x),
+                             Reference().apply(variables, x), rtol=1e-6)
+  loss = lambda model, v: jnp.sum(model.apply(v, x) ** 2)
+  assert_trees_close(jax.grad(functools.partial(loss, Tied()))(variables),
+                     jax.grad(functools.partial(loss, Reference()))(variables))
+
+
+def test_tie_inside_nn_jit_is_refused_not_stale():
+  tied, _ = encoders(nn.jit, 'graph', SOURCE)
+  with pytest.raises(TieError) as info:
+    tied.init(jax.random.key(0), X)
+  message = str(info.value)
+  assert SOURCE in message and 'jit' in message and 'stale' in message
+  assert 'common ancestor' in message
