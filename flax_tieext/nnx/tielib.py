@@ -29,10 +29,12 @@ protocol, is left exactly as it is.
 from __future__ import annotations
 
 import copy
+import copyreg
 import difflib
 import functools
 import types
 import typing as tp
+import weakref
 
 import jax
 
@@ -40,7 +42,11 @@ from flax import nnx
 from flax.nnx import reprlib
 from flax.nnx import variablelib
 
+from flax.core import meta
+
 from flax_tieext import nnx as _package
+from flax_tieext.core import tie_convert
+from flax_tieext.core import tie_spec
 from flax_tieext.errors import TieError
 
 if not _package._TREE_MODE:  # pylint: disable=protected-access
@@ -114,13 +120,33 @@ def parse_ties(ties: tp.Mapping[tp.Any, TieSpec], where: str) -> tuple[Tie, ...]
           '; a tie shares one Variable between two separate places.'
       )
     records.append(record)
-  targets = [r.target for r in records]
+  by_target = {r.target: r for r in records}
+
+  def chain(r):  # r, then the tie of each source that is itself a target
+    out = [r]
+    while out[-1].source in by_target and out[-1].source != r.target and len(
+        out) <= len(records):
+      out.append(by_target[out[-1].source])
+    return out
+
   for r in records:
-    if r.source in targets:
+    if chain(r)[-1].source == r.target:
+      cycle = chain(r)
+      raise TieError(
+          f'{where}: the ties form a cycle ('
+          + ' -> '.join(_dotted(c.target) for c in cycle)
+          + f' -> {_dotted(r.target)}), so none of these paths holds a'
+          ' Variable of its own. Keep one as the source and tie the others'
+          ' to it, e.g. {'
+          + ', '.join(f'{_dotted(c.target)!r}: {_dotted(r.target)!r}'
+                      for c in cycle[1:]) + '}.'
+      )
+  for r in records:
+    if r.source in by_target:
       raise TieError(
           f'{where}: {r.describe()} reads a path that is itself a tie target;'
-          f' tie {_dotted(r.target)!r} to'
-          f' {_dotted(records[targets.index(r.source)].source)!r} directly.'
+          f' tie {_dotted(r.target)!r} to {_dotted(chain(r)[-1].source)!r}'
+          ' directly.'
       )
   return tuple(records)
 
@@ -158,7 +184,7 @@ def _lookup(root, path: Path, record: Tie, role: str, where: str):
 # Read-only views
 # --------------------------------------------------------------------------
 _WHOLE = object()  # get_value() without an index
-_VIEW_SLOTS = ('_tie_source', '_tie_view')
+_VIEW_SLOTS = ('_tie_source', '_tie_record')
 
 
 @functools.cache
@@ -167,7 +193,7 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
 
   def get_value(self, *, index=_WHOLE):
     try:
-      source, fn = self._tie_source, self._tie_view
+      source, fn = self._tie_source, self._tie_record.view
     except AttributeError:
       raise TieError(
           f'A {var_type.__name__} tied through a view was rebuilt without its'
@@ -188,14 +214,26 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
         ' to the source Variable instead.'
     )
 
+  def update_from_state(self, other):
+    if type(other) is type(self):  # a copy of the view: it holds no value
+      return var_type.update_from_state(self, other)
+    return _check_given(self, other.get_raw_value())
+
+  def set_raw_value(self, value, *, _unsafe_bypass_check=False):
+    if getattr(self, '_tie_source', None) is None or isinstance(
+        value, jax.ShapeDtypeStruct):  # building the view, or a copy of it
+      return var_type.set_raw_value(
+          self, value, _unsafe_bypass_check=_unsafe_bypass_check)
+    return _check_given(self, value)
+
   def describe(self):
     """What a repr shows: the view's function and shape, not its value.
 
     Representations copy a Variable without its source (``nnx.display``,
     ``repr``), so they show the view, never read it.
     """
-    fn = getattr(self, '_tie_view', None)
-    return {'view': _name(fn) if fn is not None else '?',
+    record = getattr(self, '_tie_record', None)
+    return {'view': _name(record.view) if record is not None else '?',
             'value': self.get_raw_value()}
 
   def __nnx_repr__(self):
@@ -209,6 +247,9 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
     return treescope.repr_lib.render_object_constructor(
         object_type=type(self), attributes=describe(self), path=path,
         subtree_renderer=subtree_renderer)
+
+  def __reduce_ex__(self, protocol):
+    return _reduced(self, protocol, var_type, _new_view, (var_type,))
 
   def __getstate__(self):  # copy and pickle keep the source
     state = dict(var_type.__getstate__(self))
@@ -229,11 +270,19 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
       lambda ns: ns.update(
           __slots__=_VIEW_SLOTS, __module__=__name__,
           get_value=get_value, set_value=set_value,
+          update_from_state=update_from_state, set_raw_value=set_raw_value,
           __getstate__=__getstate__, __setstate__=__setstate__,
+          __reduce_ex__=__reduce_ex__,
           __nnx_repr__=__nnx_repr__, __treescope_repr__=__treescope_repr__,
           __doc__=f'A read-only view of another Variable, as a {var_type.__name__}.',
       ),
   )
+
+
+def _new_view(var_type: type[nnx.Variable]):
+  """An empty view of ``var_type`` (for pickle)."""
+  cls = _view_type(var_type)
+  return cls.__new__(cls)
 
 
 _SHARDING_METADATA = ('sharding', 'sharding_names', 'out_sharding')
@@ -244,17 +293,39 @@ def _view_shape(fn, shape, dtype) -> jax.ShapeDtypeStruct:
   return jax.eval_shape(fn, jax.ShapeDtypeStruct(shape, dtype))
 
 
-def _make_view(source: nnx.Variable, fn):
-  """A read-only Variable of ``source``'s type whose value is ``fn(source)``."""
+def _make_view(source: nnx.Variable, record: Tie):
+  """A read-only Variable of ``source``'s type: ``record.view(source)``."""
   raw = source.get_raw_value()
   # The source's metadata, less its sharding: it describes the source's axes.
   metadata = {k: v for k, v in source.get_metadata().items()
               if k not in _SHARDING_METADATA}
   view = _view_type(type(source))._new(
-      _view_shape(fn, tuple(raw.shape), raw.dtype), metadata)
+      _view_shape(record.view, tuple(raw.shape), raw.dtype), metadata)
   object.__setattr__(view, '_tie_source', source)
-  object.__setattr__(view, '_tie_view', fn)
+  object.__setattr__(view, '_tie_record', record)
   return view
+
+
+def _check_given(view, value):
+  """An update of a view target: it must be the view, or it would be lost."""
+  record = view._tie_record  # pylint: disable=protected-access
+  want = view.get_value()
+  try:
+    same = (jax.numpy.shape(value) == jax.numpy.shape(want)
+            and bool(jax.numpy.array_equal(value, want)))
+  except jax.errors.ConcretizationTypeError:
+    same = False  # a traced value: it cannot be checked
+  if not same:
+    raise TieError(
+        f'{record.describe()}: an update (nnx.update) gives the target'
+        f' {_dotted(record.target)!r} a value of its own that is not the view'
+        f' of its source {_dotted(record.source)!r} as the model holds it; a'
+        ' tied model holds the target only as that view, so the value would'
+        ' be lost. Convert an untied state or checkpoint first with'
+        ' flax_tieext.nnx.tie_state(state, TiedModel), which checks each'
+        ' target against its source in the state and leaves it out, or load'
+        ' it into the untied model.'
+    )
 
 
 def _is_view_of(value, source) -> bool:
@@ -293,7 +364,7 @@ def _expected(record: Tie, source):
   """What the target slot holds when it shares ``source``."""
   if (record.view is not None and isinstance(source, nnx.Variable)
       and hasattr(source.get_raw_value(), 'dtype')):
-    return _make_view(source, record.view)
+    return _make_view(source, record)
   return source  # a leaf that is not an array (a prefix, a sharding) mirrors
 
 
@@ -373,6 +444,63 @@ def _stack_axes(target_shape, source_shape) -> int | None:
   return None
 
 
+def _check_pair(where: str, record: Tie, target, source) -> int | None:
+  """Raises unless ``target`` can be ``source`` (or its view).
+
+  The checks of :func:`tie`, which :func:`tie_state` makes too. Returns the rank of a source that is broadcast into a stack (the target has
+  more leading axes), or None.
+  """
+  for role, value in (('target', target), ('source', source)):
+    if not isinstance(value, nnx.Variable):
+      raise TieError(
+          f'{where}: {record.describe()}: the {role}'
+          f' {_dotted(getattr(record, role))!r} is a {type(value).__name__},'
+          ' not a Variable. Ties share Variables; to share a whole module,'
+          ' assign it at both places (graph mode) or tie each Variable.'
+      )
+  if type(target) is not type(source):
+    raise TieError(
+        f'{where}: {record.describe()}: the target is a'
+        f' {type(target).__name__}, the source a {type(source).__name__}.'
+        ' A tied target becomes its source, so filters such as nnx.Param'
+        ' would see it change kind; make both the same Variable type.'
+    )
+  raw = source.get_raw_value()
+  want = (_view_shape(record.view, tuple(raw.shape), raw.dtype)
+          if record.view is not None else raw)
+  t_shape = tuple(target.get_raw_value().shape)
+  s_shape = tuple(want.shape)
+  if t_shape != s_shape:
+    view = '' if record.view is None else ' (after the view)'
+    if _stack_axes(s_shape, t_shape):
+      raise TieError(
+          f'{where}: {record.describe()}: the source {_dotted(record.source)!r}'
+          f' has shape {s_shape}{view}, the target {t_shape}: the source lies'
+          f' inside a stack of {s_shape[0]} (a module made by nnx.vmap or'
+          ' iterated by nnx.scan) and the target does not, so one target'
+          ' would read many values. Tie a target inside the same stack, or'
+          ' move the source out of the stack.'
+      )
+    if not _stack_axes(t_shape, s_shape):
+      raise TieError(
+          f'{where}: {record.describe()}: shapes differ: target'
+          f' {_dotted(record.target)!r} has {t_shape}, source'
+          f' {_dotted(record.source)!r} has {s_shape}{view}.'
+          + ('' if record.view is not None else
+             ' To tie through a transpose, give (source, jnp.transpose).')
+      )
+    # A target inside a stack, the source outside it: the tie broadcasts
+    # the source into every slice (the transform's prefix gives it None).
+  if target.get_raw_value().dtype != want.dtype:
+    raise TieError(
+        f'{where}: {record.describe()}: dtypes differ: target'
+        f' {_dotted(record.target)!r} is {target.get_raw_value().dtype}, source'
+        f' {_dotted(record.source)!r} is {want.dtype}.'
+    )
+  # Past the checks, shapes differ only for a target inside a stack.
+  return raw.ndim if t_shape != s_shape else None
+
+
 def _bind(module, ties: tuple[Tie, ...]):
   """Checks ``ties`` on a constructed ``module`` and puts each source in place."""
   where = type(module).__name__
@@ -380,55 +508,7 @@ def _bind(module, ties: tuple[Tie, ...]):
   for record in ties:
     target = _lookup(module, record.target, record, 'target', where)
     source = _lookup(module, record.source, record, 'source', where)
-    for role, value in (('target', target), ('source', source)):
-      if not isinstance(value, nnx.Variable):
-        raise TieError(
-            f'{where}: {record.describe()}: the {role}'
-            f' {_dotted(getattr(record, role))!r} is a {type(value).__name__},'
-            ' not a Variable. Ties share Variables; to share a whole module,'
-            ' assign it at both places (graph mode) or tie each Variable.'
-        )
-    if type(target) is not type(source):
-      raise TieError(
-          f'{where}: {record.describe()}: the target is a'
-          f' {type(target).__name__}, the source a {type(source).__name__}.'
-          ' A tied target becomes its source, so filters such as nnx.Param'
-          ' would see it change kind; make both the same Variable type.'
-      )
-    raw = source.get_raw_value()
-    want = (_view_shape(record.view, tuple(raw.shape), raw.dtype)
-            if record.view is not None else raw)
-    t_shape = tuple(target.get_raw_value().shape)
-    s_shape = tuple(want.shape)
-    if t_shape != s_shape:
-      view = '' if record.view is None else ' (after the view)'
-      if _stack_axes(s_shape, t_shape):
-        raise TieError(
-            f'{where}: {record.describe()}: the source {_dotted(record.source)!r}'
-            f' has shape {s_shape}{view}, the target {t_shape}: the source lies'
-            f' inside a stack of {s_shape[0]} (a module made by nnx.vmap or'
-            ' iterated by nnx.scan) and the target does not, so one target'
-            ' would read many values. Tie a target inside the same stack, or'
-            ' move the source out of the stack.'
-        )
-      if not _stack_axes(t_shape, s_shape):
-        raise TieError(
-            f'{where}: {record.describe()}: shapes differ: target'
-            f' {_dotted(record.target)!r} has {t_shape}, source'
-            f' {_dotted(record.source)!r} has {s_shape}{view}.'
-            + ('' if record.view is not None else
-               ' To tie through a transpose, give (source, jnp.transpose).')
-        )
-      # A target inside a stack, the source outside it: the tie broadcasts
-      # the source into every slice (the transform's prefix gives it None).
-    if target.get_raw_value().dtype != want.dtype:
-      raise TieError(
-          f'{where}: {record.describe()}: dtypes differ: target'
-          f' {_dotted(record.target)!r} is {target.get_raw_value().dtype}, source'
-          f' {_dotted(record.source)!r} is {want.dtype}.'
-      )
-    # Past the checks, shapes differ only for a target inside a stack.
-    ranks.append(raw.ndim if t_shape != s_shape else None)
+    ranks.append(_check_pair(where, record, target, source))
   for record in ties:
     parent = _get(module, record.target[:-1])
     object.__setattr__(parent, record.target[-1],
@@ -515,6 +595,7 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
   all_ties = inherited + records
   trie = _target_trie(all_ties)
   parent = module_class
+  root = getattr(module_class, '_tieext_root', module_class)
 
   @functools.wraps(module_class.__init__)
   def __init__(self, *args, **kwargs):
@@ -533,15 +614,22 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
   def _pytree__unflatten(cls, static, children):
     return _retie(parent._pytree__unflatten.__func__(cls, static, children), all_ties)
 
+  def __reduce_ex__(self, protocol):
+    # The class has module_class's name, under which pickle would find
+    # module_class: pickle it as the tie that makes it.
+    return _reduced(self, protocol, root, _new_tied, (root, all_ties))
+
   namespace = dict(
       __module__=module_class.__module__,
       __qualname__=module_class.__qualname__,
       __doc__=module_class.__doc__,
       __init__=__init__,
       _tieext_ties=all_ties,
+      _tieext_root=root,
       _pytree__flatten_with_paths=_pytree__flatten_with_paths,
       _pytree__flatten=_pytree__flatten,
       _pytree__unflatten=classmethod(_pytree__unflatten),
+      __reduce_ex__=__reduce_ex__,
   )
   if any(record.view is not None for record in all_ties):
     # NNX deep-copies a module through graph mode, which copies a view
@@ -553,8 +641,37 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
       return jax.tree.unflatten(treedef, copy.deepcopy(leaves))
 
     namespace['__deepcopy__'] = __deepcopy__
-  return types.new_class(module_class.__name__, (module_class,), {},
+  tied = types.new_class(module_class.__name__, (module_class,), {},
                          lambda ns: ns.update(namespace))
+  _TIED.setdefault((root, all_ties), tied)
+  return tied
+
+
+# Each tied class by what makes it, for unpickling; weak values: a class no
+# longer used is freed, as without the registry.
+_TIED: tp.MutableMapping[tuple[type, tuple[Tie, ...]], type] = (
+    weakref.WeakValueDictionary())
+
+
+def _new_tied(root: type, records: tuple[Tie, ...]):
+  """An empty instance of ``tie(root, records)`` (for pickle)."""
+  cls = _TIED.get((root, records))
+  if cls is None:
+    cls = tie(root, {r.target: r.source if r.view is None else
+                     (r.source, r.view) for r in records})
+  return cls.__new__(cls)
+
+
+def _reduced(obj, protocol, base: type, new, args):
+  """``obj`` pickled as ``base`` pickles it, made by ``new(*args)``.
+
+  Tied classes and views are made at run time under their base's name, where
+  pickle would not find them.
+  """
+  reduced = base.__reduce_ex__(obj, protocol)
+  if isinstance(reduced, tuple) and reduced[0] is copyreg.__newobj__:
+    return (new, args, *reduced[2:])
+  return reduced
 
 
 
@@ -577,7 +694,8 @@ def _records(ties, where: str) -> tuple[Tie, ...]:
   return parse_ties(ties, where)
 
 
-def untie_state(state: nnx.State, ties) -> nnx.State:
+def untie_state(state: nnx.State, ties,
+                stacks: tp.Mapping[str, int] | None = None) -> nnx.State:
   """The state of the untied model: each target holds a copy of its source.
 
   ``state`` is a tree-mode state of a tied module (``nnx.state(model,
@@ -602,11 +720,24 @@ def untie_state(state: nnx.State, ties) -> nnx.State:
     >>> sorted(nnx.to_pure_dict(tied))
     ['embed']
 
+  Args:
+    state: a tree-mode state of the tied model.
+    ties: the tied class, or the mapping given to :func:`tie`.
+    stacks: the model's stacks of modules (made by ``nnx.vmap``) that hold a
+      target whose source lies outside them, mapped to their number of
+      layers, e.g. ``{'blocks': 12}``: the target gets one copy of the source
+      per layer. ``{}`` says that no tie has such a target.
+
   Raises:
-    TieError: a source missing from ``state``, or a target already in it.
+    TieError: a source missing from ``state``, a target already in it, or a
+      target inside a stack that ``stacks`` does not name (known by the
+      stacked Variables beside it), which would be written unstacked.
   """
   records = _records(ties, 'untie_state')
   flat = _flat(state)
+  stacks = None if stacks is None else {
+      _parse_path(path, 'stack', 'untie_state'): n
+      for path, n in stacks.items()}
   for record in records:
     if record.source not in flat:
       raise TieError(
@@ -620,12 +751,67 @@ def untie_state(state: nnx.State, ties) -> nnx.State:
           f' {_dotted(record.target)!r} is already in the state, which is'
           ' then untied already.'
       )
+    layers = _stack_layers(flat, record, stacks)
     source = flat[record.source]
     value = source.get_value()
     if record.view is not None:
       value = record.view(value)
-    flat[record.target] = source.replace(jax.numpy.array(value, copy=True))
+    value = jax.numpy.array(value, copy=True)
+    names = {k: v for k, v in source.get_metadata().items()
+             if k in _SHARDING_METADATA and isinstance(v, tuple)}
+    if record.view is not None:  # the axis names follow the axes (as Linen)
+      names = {k: tie_spec.apply_view(
+          record, meta.Partitioned(source.get_value(), v)).names
+               for k, v in names.items()}
+    if layers is not None:  # as nnx.vmap stacks: a new unnamed axis 0
+      value = tie_convert._stacked(value, layers)  # pylint: disable=protected-access
+      names = {k: (None, *v) for k, v in names.items()}
+    flat[record.target] = source.replace(value)
+    if names:
+      flat[record.target].set_metadata(**names)
   return _from_flat(flat)
+
+
+def _stack_layers(flat, record: Tie, stacks) -> int | None:
+  """The layers of the stack that holds ``record``'s target, not its source.
+
+  Without ``stacks``, refuses a target whose enclosing module holds only
+  Variables with one leading axis that the source lacks: a stack made by
+  ``nnx.vmap``, into which an unstacked copy would not load.
+  """
+  for depth in range(len(record.target) - 1, 0, -1):
+    stack = record.target[:depth]
+    if record.source[:depth] == stack:
+      return None
+    shapes = [jax.numpy.shape(v.get_raw_value()) for p, v in flat.items()
+              if p[:depth] == stack]
+    lengths = {s[:1] for s in shapes}
+    if stacks is not None:
+      if stack not in stacks:
+        continue
+      layers = stacks[stack]
+      if not isinstance(layers, int) or layers < 1 or lengths - {(layers,)}:
+        raise TieError(
+            f'untie_state: {record.describe()}: stacks names {_dotted(stack)!r}'
+            f' with {layers!r} layers, but the Variables stored in it have the'
+            f' leading axes {sorted(lengths)}. Give the number of layers of'
+            ' the stack (its Variables\' leading axis).'
+        )
+      return layers
+    source_shape = jax.numpy.shape(flat[record.source].get_raw_value())
+    if len(lengths) == 1 and () not in lengths and (
+        source_shape[:1] not in lengths):
+      ((layers,),) = lengths
+      raise TieError(
+          f'untie_state: {record.describe()}: the target lies inside'
+          f' {_dotted(stack)!r}, whose every Variable has a leading axis of'
+          f' {layers} that its source {_dotted(record.source)!r} lacks, as in'
+          f' a stack of {layers} modules (nnx.vmap). Written unstacked, it'
+          ' would not load into the untied model. Name the stack:'
+          f' stacks={{{_dotted(stack)!r}: {layers}}} (one copy of the source'
+          ' per layer), or, if it is not a stack, say so: stacks={}.'
+      )
+  return None
 
 
 def tie_state(state: nnx.State, ties) -> nnx.State:
@@ -636,9 +822,14 @@ def tie_state(state: nnx.State, ties) -> nnx.State:
   whose value differs from its source (or from the view of it), which the
   tied model could not represent.
 
+  A target inside a stack of modules (made by ``nnx.vmap``) whose source
+  lies outside it must equal its source in every layer.
+
   Raises:
-    TieError: a missing target or source, or a target that differs from its
-      source (naming both paths and the largest difference).
+    TieError: a missing target or source, a target and source that
+      :func:`tie` would refuse (Variable types, shapes or dtypes that differ),
+      or a target that differs from its source (naming both paths and the
+      largest difference).
   """
   records = _records(ties, 'tie_state')
   flat = _flat(state)
@@ -650,19 +841,21 @@ def tie_state(state: nnx.State, ties) -> nnx.State:
             f'tie_state: {record.describe()}: the {role} {_dotted(path)!r} is'
             ' not in the state; nearest: ' + ', '.join(_near(path, flat)) + '.'
         )
+    stacked = _check_pair('tie_state', record, flat[record.target],
+                          flat[record.source]) is not None
     want = flat[record.source].get_value()
     if record.view is not None:
       want = record.view(want)
     have = flat[record.target].get_value()
-    if (jax.numpy.shape(have) != jax.numpy.shape(want)
-        or not bool(jax.numpy.array_equal(have, want))):
-      difference = ('shapes ' f'{jax.numpy.shape(have)} and {jax.numpy.shape(want)}'
-                    if jax.numpy.shape(have) != jax.numpy.shape(want) else
-                    f'largest difference {float(jax.numpy.max(jax.numpy.abs(have - want))):g}')
+    if stacked:  # every layer of the stack must be the source
+      want = jax.numpy.broadcast_to(want, jax.numpy.shape(have))
+    if not bool(jax.numpy.array_equal(have, want)):
+      difference = float(jax.numpy.max(jax.numpy.abs(have - want)))
       raise TieError(
           f'tie_state: {record.describe()}: the target differs from its source'
-          f' ({difference}), so the tied model cannot hold both. Tie only'
-          ' Variables that are equal, or load this state into the untied model.'
+          f' (largest difference {difference:g}), so the tied model cannot'
+          ' hold both. Tie only Variables that are equal, or load this state'
+          ' into the untied model.'
       )
   for record in records:
     del flat[record.target]

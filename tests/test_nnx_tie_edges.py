@@ -1,0 +1,208 @@
+# Copyright 2026 The flax-tieext Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Edge cases of ``flax_tieext.nnx`` ties: updates, conversions, pickle.
+
+The reference is the untied model a user would write, built the same way.
+"""
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flax_tieext
+from flax_tieext import _compat
+
+try:
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+except ImportError as e:  # Flax 0.10.7 on its pinned jax 0.8.1
+  pytest.skip(f'flax.nnx does not import on Flax {_compat.FLAX_VERSION}: {e}',
+              allow_module_level=True)
+import flax_tieext.nnx  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+if not flax_tieext.nnx._TREE_MODE:  # pylint: disable=protected-access
+  pytest.skip(f'Flax {_compat.FLAX_VERSION} has no NNX tree mode',
+              allow_module_level=True)
+
+tie = flax_tieext.nnx.tie
+TieError = flax_tieext.TieError
+
+
+class Mask(nnx.Variable):
+  pass
+
+
+class LM(nnx.Module):
+
+  def __init__(self, *, rngs):
+    self.embed = nnx.Embed(8, 4, rngs=rngs)
+    self.head = nnx.Linear(4, 8, use_bias=False, rngs=rngs)
+
+
+TiedLM = tie(LM, {'head.kernel': ('embed.embedding', jnp.transpose)})
+
+
+class Pair(nnx.Module):
+
+  def __init__(self, *, rngs):
+    self.a = nnx.Linear(4, 4, rngs=rngs)
+    self.b = nnx.Linear(4, 4, rngs=rngs)
+
+
+TiedPair = tie(Pair, {'b.kernel': 'a.kernel'})
+
+
+class Block(nnx.Module):
+
+  def __init__(self, *, rngs):
+    self.mask = Mask(jnp.ones((5, 5)))
+    self.lin = nnx.Linear(5, 5, rngs=rngs)
+
+
+class Stacked(nnx.Module):
+
+  def __init__(self, *, rngs):
+    self.mask = Mask(jnp.tril(jnp.ones((5, 5))))
+
+    @nnx.vmap(graph=False)
+    def make(key):
+      return Block(rngs=nnx.Rngs(key))
+
+    self.blocks = make(jax.random.split(rngs.params(), 3))
+
+
+TiedStacked = tie(Stacked, {'blocks.mask': 'mask'})
+
+
+# --------------------------------------------------------------------------
+# nnx.update of a view target
+# --------------------------------------------------------------------------
+def test_update_refuses_a_view_target_that_is_not_the_view():
+  model = TiedLM(rngs=nnx.Rngs(0))
+  untied = nnx.state(LM(rngs=nnx.Rngs(3)), graph=False)  # head != embed.T
+  with pytest.raises(TieError, match=r"'head\.kernel'.*'embed\.embedding'.*"
+                     r'would be lost.*tie_state'):
+    nnx.update(model, untied)
+
+
+def test_update_takes_a_view_target_that_is_the_view():
+  model = TiedLM(rngs=nnx.Rngs(0))
+  other = TiedLM(rngs=nnx.Rngs(4))
+  nnx.update(model, flax_tieext.nnx.untie_state(
+      nnx.state(other, graph=False), TiedLM))
+  np.testing.assert_array_equal(model.embed.embedding[...],
+                                other.embed.embedding[...])
+  nnx.update(model, nnx.state(model))  # graph mode: a copy of the view
+
+
+def test_the_advised_tie_state_loads_an_untied_checkpoint():
+  untied = LM(rngs=nnx.Rngs(3))
+  untied.head.kernel[...] = untied.embed.embedding[...].T
+  model = TiedLM(rngs=nnx.Rngs(0))
+  nnx.update(model, flax_tieext.nnx.tie_state(
+      nnx.state(untied, graph=False), TiedLM))
+  np.testing.assert_array_equal(model.head.kernel[...], untied.head.kernel[...])
+
+
+# --------------------------------------------------------------------------
+# untie_state / tie_state of a target inside a stack
+# --------------------------------------------------------------------------
+def test_untie_state_refuses_an_unnamed_stack():
+  state = nnx.state(TiedStacked(rngs=nnx.Rngs(0)), graph=False)
+  with pytest.raises(TieError, match=r"inside 'blocks'.*stack of 3.*"
+                     r"stacks=\{'blocks': 3\}"):
+    flax_tieext.nnx.untie_state(state, TiedStacked)
+
+
+def test_untie_state_stacks_a_target_and_tie_state_takes_it_back():
+  model = TiedStacked(rngs=nnx.Rngs(0))
+  untied = Stacked(rngs=nnx.Rngs(1))
+  state = flax_tieext.nnx.untie_state(nnx.state(model, graph=False),
+                                      TiedStacked, stacks={'blocks': 3})
+  nnx.update(untied, state)
+  assert untied.blocks.mask.shape == Stacked(rngs=nnx.Rngs(1)).blocks.mask.shape
+  np.testing.assert_array_equal(untied.blocks.mask[...],
+                                jnp.stack([model.mask[...]] * 3))
+  back = TiedStacked(rngs=nnx.Rngs(2))
+  nnx.update(back, flax_tieext.nnx.tie_state(nnx.state(untied, graph=False),
+                                             TiedStacked))
+  np.testing.assert_array_equal(back.mask[...], model.mask[...])
+  untied.blocks.mask[1] = jnp.zeros((5, 5))
+  with pytest.raises(TieError, match=r"'blocks\.mask' -> 'mask'.*differs"):
+    flax_tieext.nnx.tie_state(nnx.state(untied, graph=False), TiedStacked)
+
+
+def test_untie_state_refuses_a_wrong_number_of_layers():
+  state = nnx.state(TiedStacked(rngs=nnx.Rngs(0)), graph=False)
+  with pytest.raises(TieError, match=r"'blocks' with 4 layers.*\[\(3,\)\]"):
+    flax_tieext.nnx.untie_state(state, TiedStacked, stacks={'blocks': 4})
+
+
+def test_untie_state_moves_sharding_names_with_a_view():
+  model = TiedLM(rngs=nnx.Rngs(0))
+  model.embed.embedding.set_metadata(out_sharding=('vocab', 'embed'))
+  state = flax_tieext.nnx.untie_state(nnx.state(model, graph=False), TiedLM)
+  assert state['head']['kernel'].get_metadata()['out_sharding'] == (
+      'embed', 'vocab')
+
+
+# --------------------------------------------------------------------------
+# tie_state makes the checks of tie()
+# --------------------------------------------------------------------------
+class Kinds(nnx.Module):
+
+  def __init__(self, dtype=jnp.float32, kind=nnx.Param):
+    self.a = nnx.Param(jnp.ones((3,)))
+    self.b = kind(jnp.ones((3,), dtype))
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(dtype=jnp.int32), r"dtypes differ: target 'b' is int32"),
+    (dict(kind=Mask), 'the target is a Mask, the source a Param'),
+])
+def test_tie_state_refuses_what_tie_refuses(kwargs, match):
+  with pytest.raises(TieError, match=match):
+    tie(Kinds, {'b': 'a'})(**kwargs)
+  with pytest.raises(TieError, match="tie_state: tie 'b' -> 'a': " + match):
+    flax_tieext.nnx.tie_state(nnx.state(Kinds(**kwargs), graph=False),
+                              {'b': 'a'})
+
+
+# --------------------------------------------------------------------------
+# Messages and pickle
+# --------------------------------------------------------------------------
+def test_a_cycle_is_named_and_the_advice_is_taken():
+  with pytest.raises(TieError, match=r'cycle \(a\.kernel -> b\.kernel -> '
+                     r"a\.kernel\).*\{'b\.kernel': 'a\.kernel'\}"):
+    tie(Pair, {'a.kernel': 'b.kernel', 'b.kernel': 'a.kernel'})
+  tie(Pair, {'b.kernel': 'a.kernel'})(rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize('cls', [TiedPair, TiedLM])
+def test_a_tied_module_pickles(cls):
+  model = cls(rngs=nnx.Rngs(0))
+  loaded = pickle.loads(pickle.dumps(model))
+  assert type(loaded) is cls
+  assert jax.tree.structure(loaded) == jax.tree.structure(model)
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(model)):
+    np.testing.assert_array_equal(a, b)
+  if cls is TiedPair:
+    assert loaded.b.kernel is loaded.a.kernel
+  else:
+    loaded.embed.embedding[...] = 2 * loaded.embed.embedding[...]
+    np.testing.assert_array_equal(loaded.head.kernel[...],
+                                  loaded.embed.embedding[...].T)
