@@ -339,3 +339,126 @@ def test_tie_with_a_stack_count_its_siblings_lack_is_refused():
   jax.tree_util.tree_map(np.testing.assert_array_equal, retied, variables)
   with pytest.raises(TieError, match="stacks gives /layers 3 layers"):
     flax_tieext.tie_variables(untied, LAYERS_TIES, stacks={'layers': 3})
+
+
+class TwoStacks(nn.Module):
+  """Two scanned stacks of ``Layer``, the second applied after the first."""
+
+  @nn.compact
+  def __call__(self, x):
+    for name in ('s1', 's2'):
+      layers = nn.scan(Layer, variable_axes={'params': 0},
+                       split_rngs={'params': True}, length=N)
+      x = layers(name=name)(x, None)[0]
+    return x
+
+
+@needs_patch
+@pytest.mark.parametrize('stacks', [{'s1': N, 's2': N}, {'s2': N}, None],
+                         ids=['both named', 'target named', 'none named'])
+def test_a_stack_tied_to_a_stack_unties_to_a_plain_copy(stacks):
+  """A tied stack is scanned like its source: s2 holds s1's layers, once.
+
+  Naming both stacks, as the docs advise, stacked s2 a second time.
+  """
+  ties = {'s2': 's1'}
+  tied = nn.tie(TwoStacks, ties)()
+  variables = tied.init(jax.random.key(0), tie_models.X)
+  untied = flax_tieext.untie_variables(variables, ties, stacks=stacks)
+  # The untied model, with s2 made equal to s1 as a user ties it by hand.
+  reference = {'params': {**variables['params'],
+                          's2': variables['params']['s1']}}
+  assert_trees_equal(untied, reference)
+  assert jax.tree_util.tree_map(np.shape, untied) == jax.tree_util.tree_map(
+      np.shape, TwoStacks().init(jax.random.key(1), tie_models.X))
+  assert_close(TwoStacks().apply(untied, tie_models.X),
+               tied.apply(variables, tie_models.X))
+  assert_trees_equal(
+      flax_tieext.tie_variables(untied, ties, stacks=stacks), variables)
+
+
+@needs_patch
+@pytest.mark.parametrize('convert', ['untie', 'tie'])
+def test_stacks_tied_whole_with_other_counts_are_refused(convert):
+  ties = {'s2': 's1'}
+  variables = nn.tie(TwoStacks, ties)().init(jax.random.key(0), tie_models.X)
+  if convert == 'tie':
+    variables = flax_tieext.untie_variables(variables, ties)
+  with pytest.raises(TieError) as info:
+    getattr(flax_tieext, f'{convert}_variables')(
+        variables, ties, stacks={'s1': 2, 's2': N})
+  assert_message_names(str(info.value), 'the stack /s2 3 layers',
+                       'the stack /s1, 2', "stacks={'s1': 3, 's2': 3}")
+
+
+class EncoderWithHead(nn.Module):
+  """``Encoder`` with a head whose kernel is the embedding's, transposed."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = Encoder(name='enc')(x)
+    return nn.Dense(tie_models.D, use_bias=False, name='head')(x)
+
+
+HEAD_AND_LAYERS_TIES = {'enc/layers/attn': 'enc/embed',
+                        'head/kernel': ('enc/embed/kernel', jnp.transpose)}
+ENC_STACKS = {'enc/layers': 2}
+
+
+def untied_with_one_layer_trained(head_moved=False):
+  """The tied model's variables untied, then layer 1's copy of attn changed."""
+  tied = nn.tie(EncoderWithHead, HEAD_AND_LAYERS_TIES)()
+  variables = tied.init(jax.random.key(0), tie_models.X)
+  untied = flax_tieext.untie_variables(variables, HEAD_AND_LAYERS_TIES,
+                                       stacks=ENC_STACKS)
+  attn = untied['params']['enc']['layers']['attn']
+  attn['kernel'] = attn['kernel'].at[1].add(1.0)
+  if head_moved:
+    head = untied['params']['head']
+    head['kernel'] = head['kernel'] + 1.0
+  return tied, untied
+
+
+@needs_patch
+def test_mean_leaves_out_a_viewed_copy_equal_to_the_view_of_its_source():
+  """The head equals the view of the embedding: it holds nothing to merge."""
+  tied, untied = untied_with_one_layer_trained()
+  params = untied['params']
+  source = params['enc']['embed']['kernel']
+  layers = params['enc']['layers']['attn']['kernel']
+  merged = flax_tieext.tie_variables(untied, HEAD_AND_LAYERS_TIES,
+                                     stacks=ENC_STACKS, merge='mean')
+  mean = jnp.mean(jnp.concatenate([source[None], layers]), axis=0)
+  assert_close(merged['params']['enc']['embed']['kernel'], mean)
+  # It runs as the untied model holding the mean at the source and every
+  # copy, the viewed one through the view.
+  by_hand = jax.tree_util.tree_map(lambda x: x, params)
+  by_hand['enc']['embed']['kernel'] = mean
+  by_hand['enc']['layers']['attn']['kernel'] = jnp.stack([mean] * 2)
+  by_hand['head']['kernel'] = mean.T
+  assert_close(tied.apply(merged, tie_models.X),
+               EncoderWithHead().apply({'params': by_hand}, tie_models.X))
+  # A function gets the source and the unviewed copies: one per layer.
+  got = []
+  flax_tieext.tie_variables(
+      untied, HEAD_AND_LAYERS_TIES, stacks=ENC_STACKS,
+      merge=lambda s, copies: got.append(len(copies)) or s)
+  assert got == [2]
+  # Without merge=, the refusal offers 'mean', which now merges them.
+  with pytest.raises(TieError) as info:
+    flax_tieext.tie_variables(untied, HEAD_AND_LAYERS_TIES, stacks=ENC_STACKS)
+  message = str(info.value)
+  assert "tie_variables(..., merge='mean')" in message
+  assert 'cannot merge them' not in message
+
+
+@needs_patch
+@pytest.mark.parametrize('merge', ['mean', lambda s, copies: s])
+def test_merge_refuses_a_viewed_copy_unlike_the_view_of_its_source(merge):
+  _, untied = untied_with_one_layer_trained(head_moved=True)
+  with pytest.raises(TieError) as info:
+    flax_tieext.tie_variables(untied, HEAD_AND_LAYERS_TIES, stacks=ENC_STACKS,
+                              merge=merge)
+  assert_message_names(
+      str(info.value), "Cannot merge the copies of /enc/embed/kernel",
+      '(/head/kernel first)', 'does not invert')

@@ -63,9 +63,9 @@ def tie_variables(
   of a stack is one copy), and a function ``merge(source, copies)`` returns
   the new source from the source's array and the list of copies, each shaped
   like the source (traced under ``jax.jit``). Only the leaves whose copies
-  differ are merged. ``'mean'`` and a function need the copies in the
-  source's layout: a viewed tie whose copies differ is refused, as the view
-  is not inverted.
+  differ are merged. A viewed copy is never merged, as the view is not
+  inverted: one that equals the view of the source is left out (it holds
+  nothing the source does not), one that differs is refused.
 
   The arrays stay where they are: values are compared by jitted reductions
   whose scalar result is replicated, a merged source keeps the source's
@@ -92,7 +92,9 @@ def tie_variables(
     stacks: the paths of the model's stacks (``nn.scan`` / ``nn.vmap``
       modules with their variables along axis 0) mapped to their number of
       layers, e.g. ``{'encoder/layers': 12}``. A target inside a stack whose
-      source is outside it has one copy of the source per layer.
+      source is outside it has one copy of the source per layer. A stack
+      that is the target (or lies inside it) is scanned like its source: a
+      plain copy of the source's stack, which has as many layers.
     merge: what a source becomes when its copies differ: None (refuse),
       ``'first'``, ``'mean'`` or a function ``(source, copies) -> source``.
 
@@ -104,8 +106,10 @@ def tie_variables(
       from its source in shape, dtype or partitioning names, or in value (in
       any layer of a stack) while ``merge`` is None: tying would silently
       drop the target's values. Also if ``merge`` is ``'mean'`` or a function
-      and the copies that differ are viewed, or a function returns another
-      shape or dtype than the source's.
+      and a viewed copy differs from the view of its source, or a function
+      returns another shape or dtype than the source's. Also if ``stacks``
+      gives a stack tied whole (the target or inside it) another count than
+      its source's stack.
   """
   if merge is not None and not callable(merge) and merge not in _MERGES:
     raise tie_errors.bad_merge(merge, _MERGES)
@@ -135,7 +139,8 @@ def untie_variables(
 
   The inverse of :func:`tie_variables`: the result loads into the untied
   model. A target inside a stack (``stacks``) whose source is outside it gets
-  one copy of the source per layer. Partitioning metadata (``nn.Partitioned``,
+  one copy of the source per layer; a stack tied whole (to another stack) is
+  a plain copy. Partitioning metadata (``nn.Partitioned``,
   logical axes) is kept; a view moves the axis names with the axes (a
   transposed view swaps them), and a stack's axis gets no name.
 
@@ -166,7 +171,8 @@ def untie_variables(
     TieError: if a source is missing, a target inside a stack that
       ``stacks`` does not name would be written unstacked (known by the
       stacked variables stored beside the target: a stack that holds nothing
-      but tied targets cannot be told from a module, so name it), or a view
+      but tied targets cannot be told from a module, so name it), ``stacks``
+      gives a tied stack another count than its source's stack, or a view
       moves a partitioned axis in a way whose names cannot be followed.
   """
   out = _unfreeze(variables)
@@ -185,14 +191,15 @@ def untie_variables(
 def _viewed_sources(tree, ties, collections, verb, stacks):
   """Yields ``(tie, col, source seen through the view, stack)`` of each tie.
 
-  ``stack`` is ``(path, layers)`` of the stack that holds the target but not
-  the source, or None. Skips the collections in which neither path of the
-  tie holds anything.
+  ``stack`` is ``(path, layers)`` of the stack that holds the target inside
+  it but not the source, or None. Skips the collections in which neither
+  path of the tie holds anything.
   """
   stacks = _stack_paths(stacks)
   for tie in tie_spec.normalize(ties, collections, ()):
     stack = next(((path, n) for path, n in (stacks or {}).items()
-                  if tie_spec.is_within(tie.target, path)
+                  if len(tie.target) > len(path)
+                  and tie_spec.is_within(tie.target, path)
                   and not tie_spec.is_within(tie.source, path)), None)
     for col in [c for c in tree if tie.applies_to(c)]:
       source = tie_spec.walk(tree[col], tie.source)
@@ -201,6 +208,7 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
           continue
         raise tie_errors.convert_source_missing(
             verb, tie, col, tie_errors.nearest(tree[col], tie.source))
+      _check_tied_stacks(source, tie, col, stacks or {}, verb)
       if stacks is None and verb == 'untie':
         _refuse_unnamed_stack(tree[col], tie, col)
       if stack is not None:
@@ -218,6 +226,33 @@ def _stack_paths(stacks):
       raise tie_errors.bad_stack_count(path, layers)
     out[parsed] = layers
   return out
+
+
+def _check_tied_stacks(source, tie, col, stacks, verb):
+  """A stack that is the target or lies in it is tied to the source's twin.
+
+  A tied stack is scanned like its source, layer for layer: it is a plain
+  copy of a stack of as many layers (the source's own axis), so ``stacks``
+  may not give the two different counts.
+  """
+  for path, layers in stacks.items():
+    twin = tie.source + path[len(tie.target):]
+    if not tie_spec.is_within(path, tie.target) or stacks.get(
+        twin, layers) == layers:
+      continue
+    node = tie_spec.walk(source, path[len(tie.target):])
+    shapes = [np.shape(tie_spec.unbox(x)) for _, x in (
+        [] if node is None else tie_spec.flatten(node))]
+    n = shapes[0][0] if shapes and shapes[0] else 'N'
+    raise tie_errors.tie_error(
+        f'Cannot {verb} {tie_errors.text(tie.target)} and'
+        f' {tie_errors.text(tie.source)} in collection {col!r}: stacks gives'
+        f' the stack {tie_errors.text(path)} {layers} layers but its source,'
+        f' the stack {tie_errors.text(twin)}, {stacks[twin]}. A tied stack is'
+        ' scanned like its source, layer for layer: it is a plain copy of the'
+        ' source, layer axis included, so both have as many layers.',
+        'Give both stacks the number of layers of the source:'
+        f' stacks={{{"/".join(twin)!r}: {n}, {"/".join(path)!r}: {n}}}.')
 
 
 def _check_layers(tree, tie, col, stack, verb):
@@ -378,7 +413,9 @@ def _copies(found) -> list[_Copy]:
 def _merge_copies(out, found, merge) -> dict[str, Any]:
   """``out`` with each source whose copies differ merged as ``merge`` says.
 
-  With ``merge=None``, the first copy that differs is a TieError.
+  With ``merge=None``, the first copy that differs is a TieError. A viewed
+  copy is never merged (the view is not inverted): it must equal the view of
+  the source, and is then left out, as it holds nothing the source does not.
   """
   if merge == 'first':
     return out  # the source's values, whatever its copies hold
@@ -390,32 +427,29 @@ def _merge_copies(out, found, merge) -> dict[str, Any]:
   for copy in copies:
     same, gap = _compare(tie_spec.unbox(copy.target),
                          tie_spec.unbox(copy.expected), copy.stack is not None)
-    if same.all():
-      continue
+    if not same.all():
+      differ.setdefault(copy.source_key, []).append((copy, same, gap))
+  for (col, source), differing in differ.items():
+    viewed = next((c for c, _, _ in differing if c.tie.view is not None),
+                  None)
     if merge is None:
+      copy, same, gap = differing[0]
       layer = None if copy.stack is None else int(np.argmin(same))
       raise tie_errors.copies_differ(
-          copy.tie, copy.col, copy.tie.target + copy.path,
-          copy.source_key[1], float(gap if layer is None else gap[layer]),
-          layer, copy.stack, _viewed(by_source[copy.source_key]))
-    differ.setdefault(copy.source_key, copy)
-  for (col, source), copy in differ.items():
-    viewed = _viewed(by_source[col, source])
+          copy.tie, col, copy.tie.target + copy.path, source,
+          float(gap if layer is None else gap[layer]), layer, copy.stack,
+          None if viewed is None else viewed.tie)
     if viewed is not None:
       raise tie_errors.merge_through_view(
-          viewed, col, copy.tie.target + copy.path, source, _name(merge))
+          viewed.tie, col, viewed.tie.target + viewed.path, source,
+          _name(merge))
     leaf = tie_spec.walk(out[col], source)
     value = _merged(merge, col, source, tie_spec.unbox(leaf), [
         (tie_spec.unbox(c.target), c.stack is not None)
-        for c in by_source[col, source]])
+        for c in by_source[col, source] if c.tie.view is None])
     out[col] = _with_path(out[col], source, leaf.replace_boxed(value)
                           if tie_spec.is_box(leaf) else value)
   return out
-
-
-def _viewed(copies):
-  """The first viewed tie among ``copies``, or None."""
-  return next((c.tie for c in copies if c.tie.view is not None), None)
 
 
 def _name(merge) -> str:
