@@ -104,10 +104,14 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
         f'{self.transform}: static_argnums={self.given["static_argnums"]!r}'
         ' names no parameter here (it is negative, not a Python int, or'
         ' the slot of the argument the transform passes itself), so it keeps'
-        " Flax's own meaning: jax.checkpoint counts it over the arguments"
-        ' Flax passes it, which start with the variables. Name the argument'
-        ' instead, which also covers keyword and omitted calls:'
-        " static_argnames='<name>'."
+        " Flax's own meaning: "
+        + ('Flax ignores an index that matches no argument of the call (a'
+           ' negative one never does), so it may make nothing static.'
+           if self.closes_over else
+           'jax.checkpoint counts it over the arguments Flax passes it, which'
+           ' start with the variables.')
+        + ' Name the argument instead, which also covers keyword and omitted'
+        " calls: static_argnames='<name>'."
     )
 
   def _flax_type_note(self):
@@ -242,10 +246,11 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
         note = '<- ' + self.names.get(mark, 'static')
       if param.kind <= param.POSITIONAL_OR_KEYWORD:
         k = self.positional.index(param.name)
-        # A negative index names a parameter in nnx.remat's numbering only:
-        # elsewhere it keeps Flax's meaning, counted over jax.checkpoint's
-        # arguments (the variables first).
-        neg = '' if self.var_positional or self.supplies_first else str(k - n)
+        # A negative index names a parameter in nnx.remat's numbering, and
+        # with static_argnames: elsewhere it keeps Flax's meaning, counted
+        # over jax.checkpoint's arguments (the variables first).
+        neg = '' if self.var_positional or (
+            self.supplies_first and not self.static_argnames) else str(k - n)
         rows.append((str(k + self.first_index), neg, str(param), note))
       elif param.kind is param.VAR_POSITIONAL:
         rows.append((f'{n + self.first_index}+', '', str(param), note))

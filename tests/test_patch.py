@@ -243,3 +243,32 @@ def test_missing_features_names_what_a_broken_flax_lacks(originals):
   finally:
     flax.core.scope.Scope.push = push
   assert snapshot() == originals
+
+
+@pytest.mark.installs_patch
+def test_tied_module_bound_before_uninstall_names_install():
+  # A module bound while the patch was installed, called after uninstall():
+  # the TieError that apply gives, not Flax's ScopeParamNotFoundError.
+
+  class Pair(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      a = nn.Dense(2, name='a')(x)
+      return nn.remat(nn.Dense)(2, name='b')(a)
+
+  x = jnp.ones((1, 2))
+  tied = nn.tie(Pair, {'b/kernel': 'a/kernel'})
+  variables = tied().init(jax.random.key(0), x)
+  bound = tied().bind(variables)
+  expected = bound(x)
+  flax_tieext.uninstall()
+  try:
+    with pytest.raises(flax_tieext.TieError, match=r'flax_tieext\.install\(\)'):
+      bound(x)
+  finally:
+    flax_tieext.install()
+  assert jnp.array_equal(bound(x), expected)
+  shared = {'params': {'a': variables['params']['a'], 'b': {
+      **variables['params']['b'], 'kernel': variables['params']['a']['kernel']}}}
+  assert jnp.array_equal(expected, Pair().apply(shared, x))

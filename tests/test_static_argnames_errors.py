@@ -201,6 +201,51 @@ def test_lift_index_out_of_range_counts_from_after_scope():
   _assert_numbered(message, [('0', 'x'), ('1', 'train=False')])
 
 
+@pytest.mark.parametrize('entry, index, deterministic', [
+    pytest.param(lambda: ext_nn.checkpoint, -3, '2', id='nn.checkpoint-3'),
+    pytest.param(lambda: ext_nn.checkpoint, 0, '2', id='nn.checkpoint0'),
+    pytest.param(lambda: ext_nn.partitioning.remat, -3, '1',
+                 id='nn.partitioning.remat-3'),
+])
+def test_index_of_self_with_names_raises(entry, index, deterministic):
+  # With static_argnames (ours: plain Flax has none), an index is resolved
+  # through the signature; one that lands on `self` made nothing static.
+  remat = entry()(MLP, static_argnums=index, static_argnames='deterministic')
+  with pytest.raises(ValueError) as excinfo:
+    _init(remat, True)
+  message = _message(excinfo)
+  assert f'static_argnums index {index} is `self` of MLP.__call__' in message
+  assert 'it cannot be static' in message
+  _assert_numbered(message, [(deterministic, '-1  deterministic=False')])
+  assert "static_argnames='" in message
+
+
+@pytest.mark.parametrize('entry', SKIPS_SELF)
+def test_negative_index_without_names_keeps_flax_meaning_and_says_it(entry):
+  # Plain Flax's nn.partitioning.remat ignores a negative index (it matches
+  # no argument): the same error as there, whose note says so.
+  remat = entry()(MLP, static_argnums=(-1,))
+  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
+    _init(remat, True)
+  message = _message(excinfo)
+  assert 'ignores an index that matches no argument' in message
+  assert 'jax.checkpoint counts it' not in message
+
+
+def test_lift_index_of_scope_with_names_raises():
+  def fn(scope, x, flag):
+    return x if flag else -x
+
+  rematted = ext_lift.checkpoint(fn, static_argnums=-3, static_argnames='x')
+  with pytest.raises(ValueError) as excinfo:
+    flax.core.init(rematted)(jax.random.key(0), X, True)
+  message = _message(excinfo)
+  assert 'static_argnums index -3 is `scope` of fn(scope, x, flag)' in message
+  assert 'it cannot be static' in message
+  _assert_numbered(message, [('-', 'scope    (cannot be static)'),
+                             ('1', '-1  flag')])
+
+
 # -- at call time --------------------------------------------------------------
 
 

@@ -53,7 +53,7 @@ class StaticArgs:
     transform: the transform's name, for errors.
     first_index: the index of the first argument the caller passes.
     supplies_first: whether the transform passes the first parameter of ``fn``
-      (a scope, ``self``) itself; an index of it makes nothing static.
+      (a scope, ``self``) itself; an index of it cannot be static.
     group: the methods wrapped with the same arguments (this one included): a
       name need be a parameter of one of them.
     closes_over: whether the transform closes over the static arguments of
@@ -142,8 +142,7 @@ class StaticArgs:
       self.positions[i if i < 0 else j] = i
     elif 0 <= j < n:
       self.names.setdefault(self.positional[j], f'static_argnums index {i}')
-    elif not (j == -1 and self.leading is not None  # `self`: passed anyway
-              or self._ignores_unmatched()):
+    elif not self._ignores_unmatched():
       raise ValueError(self._index_error(i))
 
   def _ignores_unmatched(self):
@@ -175,6 +174,11 @@ class StaticArgs:
     return f'{self.transform}: {what} must be {one}, got {value!r}.'
 
   def _index_error(self, i):
+    j = len(self.positional) + i if i < 0 else i - self.first_index
+    if j == -1 and self.leading is not None:
+      return (f'{self.transform}: static_argnums index {i} is'
+              f' `{self.leading}` of {self.display}, which the transform'
+              ' passes on by itself: it cannot be static.')
     return (f'{self.transform}: static_argnums index {i} is out of range for'
             f' {self.display}.')
 
