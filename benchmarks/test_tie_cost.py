@@ -24,8 +24,11 @@ them). pytest-benchmark times the tied ``init`` at the largest size.
 """
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-from conftest import record
+from conftest import ratio, record
+from flax_tieext.examples import measure
 from flax_tieext.examples import tie_cost
 from models import patched_flax
 
@@ -46,3 +49,59 @@ def test_python_calls_of_tied_blocks_against_one_shared(benchmark):
   assert max(init) - min(init) < 0.02, init  # a constant factor
   assert max(init) <= 1.05, init  # issue 24: at every size
   assert all(row['grad_ratio'] < 1.05 for row in rows), rows
+
+
+INNER_BLOCKS = (8, 32, 128, 256)
+
+
+def _to_shared_layout(variables):
+  """The tied layout (mask at block_0/attn) in the hand-shared one (attn)."""
+  graph = dict(variables['graph'])
+  block = dict(graph.pop('block_0'))
+  graph['attn'] = block.pop('attn')
+  return {**variables, 'graph': graph}
+
+
+def test_the_original_pattern_costs_what_one_shared_attention_costs():
+  """Each rematted block ties its attention mask to block 0's, inside it.
+
+  Against one attention instance passed into every block (``nn.remat``
+  applied in the loop, as the README writes it): Python calls of ``init``
+  at 8 to 256 blocks, and FLOPs, temp and argument bytes of a jitted
+  loss-and-gradient step at 12 blocks (memory on stock XLA:CPU, where remat
+  saves nothing unless ``--xla_disable_hlo_passes=cse_barrier_expander``;
+  the ratio is what is compared).
+  """
+  with patched_flax():
+    rows = [tie_cost.ratios(n, grad=False, inner=True) for n in INNER_BLOCKS]
+    x = jax.random.normal(jax.random.key(1), tie_cost.INPUT.shape)
+    stats = {}
+    tied_variables = tie_cost.model(12, 'tied', inner=True).init(
+        jax.random.key(0), x)
+    layouts = {'tied': tied_variables,
+               'shared': _to_shared_layout(tied_variables)}
+    for kind, variables in layouts.items():
+      m = tie_cost.model(12, kind, inner=True)
+
+      def loss(params, rest, x, m=m):
+        return jnp.sum(m.apply({'params': params, **rest}, x) ** 2)
+
+      rest = {k: v for k, v in variables.items() if k != 'params'}
+      fn = jax.jit(jax.value_and_grad(loss))
+      _, stats[kind] = measure.compile_stats(fn, variables['params'], rest, x)
+      stats[kind + '_out'] = fn(variables['params'], rest, x)
+  tied, shared = stats['tied'], stats['shared']
+  row = {name: [getattr(shared, name), getattr(tied, name),
+                ratio(getattr(tied, name), getattr(shared, name))]
+         for name in ('flops', 'temp_bytes', 'argument_bytes')}
+  record('original_pattern', {'init_calls': rows, 'step_12_blocks': row})
+  init = [r['init_ratio'] for r in rows]
+  assert max(init) <= 1.05, init
+  for name in ('flops', 'temp_bytes', 'argument_bytes'):
+    assert row[name][2] == 1.0, (name, row[name])
+  (tied_loss, tied_grads), (shared_loss, shared_grads) = (
+      stats['tied_out'], stats['shared_out'])
+  np.testing.assert_allclose(tied_loss, shared_loss, rtol=1e-6)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+      tied_grads, shared_grads)

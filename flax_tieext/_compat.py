@@ -157,10 +157,11 @@ def partial_pack(pack):
     if tied is None:
       return pack(scope_tree, in_variable_filters, out_variable_filters,
                   rng_filters, name)
-    scope_fn, repack_fn, *rest = pack(
+    scope_fn, repack_fn, variable_groups, *rest = pack(
         tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
         name)
-    return (*tied.wrap(scope_fn, repack_fn), *rest)
+    return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
+            *rest)
   return _partial_pack
 
 

@@ -379,8 +379,9 @@ def requires_install(tie_transform: Callable[..., Any]) -> Callable[..., Any]:
 
   A tie lives in Flax's ``Scope`` and ``_partial_pack``, which only the
   installed patch makes tie-aware; without them it would silently not hold.
-  So both declaring a tie and binding a tied Module class made earlier (or
-  calling a tied scope function) raise ``TieError`` after ``uninstall()``.
+  So declaring a tie, binding a tied Module class made earlier, calling a
+  method of one bound earlier (or calling a tied scope function) raise
+  ``TieError`` after ``uninstall()``.
   """
   def refuse_unless_installed():
     if not is_installed():
@@ -395,14 +396,24 @@ def requires_install(tie_transform: Callable[..., Any]) -> Callable[..., Any]:
     refuse_unless_installed()
     tied = tie_transform(*args, **kwargs)
     cls = tied.func if isinstance(tied, functools.partial) else tied
+    if isinstance(cls, type) and '_tie_guarded' in vars(cls):
+      return tied  # a tied class made once, guarded then
     if isinstance(cls, type):
-      post_init = cls.__post_init__
+      post_init, call = cls.__post_init__, cls._call_wrapped_method
+      cls._tie_guarded = True
 
       def __post_init__(self):  # pylint: disable=invalid-name
         refuse_unless_installed()
         post_init(self)
 
+      def _call_wrapped_method(self, fun, args, kwargs):
+        refuse_unless_installed()  # a module bound before uninstall()
+        if not _machinery_bound:  # ... and called after install() again
+          _bind_machinery()
+        return call(self, fun, args, kwargs)
+
       cls.__post_init__ = __post_init__
+      cls._call_wrapped_method = _call_wrapped_method
       return tied
 
     @functools.wraps(tied)

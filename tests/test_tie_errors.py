@@ -263,6 +263,20 @@ def test_a_misspelled_tied_collection_at_apply_is_the_ties_error():
 
 
 @needs_patch
+def test_a_tied_collection_named_unlike_any_given_is_the_ties_error():
+  """'grpah' is like no given name: Flax's bare ScopeParamNotFoundError."""
+  model = nn.tie(Chain, {'b': 'a', 'c': 'a'}, collections='grpah')()
+  variables = nn.tie(Chain, {'b': 'a', 'c': 'a'})().init(
+      jax.random.key(0), tie_models.X)
+  with pytest.raises(TieError) as info:
+    model.apply(variables, tie_models.X)
+  message = str(info.value)
+  assert "ties collection 'grpah'" in message
+  assert "collections given: 'params'" in message
+  assert 'Fix the collection name in collections=' in message
+
+
+@needs_patch
 def test_a_tied_collection_only_some_calls_use_stays_optional():
   # 'cache' exists only while decoding: a plain apply with a missing
   # parameter is Flax's own error, not a tie's.

@@ -257,6 +257,147 @@ def test_collections_may_be_any_flax_filter():
 
 
 # ---------------------------------------------------------------------------
+# Stacked declarations are their union in one mapping (issue 34).
+# ---------------------------------------------------------------------------
+
+
+class Wrap(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    d = tie_models.D  # (tie_models.X's width: every Dense alike)
+    return nn.Dense(d, name='q')(nn.Dense(d, name='p')(x))
+
+
+class Root(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    for name in 'abcd':
+      x = Wrap(name=name)(x)
+    return x
+
+
+def root_reads(tied):
+  """Each Dense variable of ``Root`` -> the one it reads.
+
+  ``tied``: path -> the stored path it reads; a variable below reads what
+  its longest tied prefix reads (``a -> c``: ``a/p/bias`` reads ``c/p/bias``).
+  """
+  reads = {}
+  for path in (f'{w}/{d}/{v}' for w in 'abcd' for d in 'pq'
+               for v in ('kernel', 'bias')):
+    prefix = max([p for p in tied if f'{path}/'.startswith(f'{p}/')],
+                 key=len, default=None)
+    reads[path] = path if prefix is None else tied[prefix] + path[len(prefix):]
+  return reads
+
+
+def assert_reads(model, reads):
+  """Only the sources are stored; ``apply`` is the untied ``Root``'s by hand.
+
+  For ties whose ``init`` output is not ``apply``'s (a variable target that
+  runs before its source, docs/design.md, *Init*), where
+  ``assert_like_hand_shared`` does not apply.
+  """
+  x = tie_models.X
+  params = model.init(jax.random.key(0), x)['params']
+  assert tie_models.flat_paths(params) == set(reads.values())
+  by_hand = {}
+  for path, source in reads.items():
+    tie_models.put(by_hand, path, tie_models.get(params, source))
+  np.testing.assert_allclose(model.apply({'params': params}, x),
+                             Root().apply({'params': by_hand}, x), rtol=1e-6)
+
+
+def assert_like_one_mapping(model, one):
+  key = jax.random.key(0)
+  x = tie_models.X
+  y, variables = model.init_with_output(key, x)
+  y_one, v_one = one.init_with_output(key, x)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, variables, v_one)
+  np.testing.assert_array_equal(y, y_one)
+  np.testing.assert_array_equal(model.apply(variables, x),
+                                one.apply(v_one, x))
+
+
+UNION_CASES = {  # declarations, what is tied, whether init's output is apply's
+    # b/p -> a/q -> b/q, and a/q -> b/q inside a -> b: a's p and q are b/q.
+    'tie_inside_a_tied_module': (
+        [{'a': 'b', 'b/p': 'a/q'}, {'a/q': 'b/q'}],
+        {'a/p': 'b/q', 'a/q': 'b/q', 'b/p': 'b/q'}, True),
+    # a/p/kernel -> a/q/kernel -> c/q/kernel, and through a -> c:
+    # c/p/kernel -> c/q/kernel: both routes end at c/q/kernel.
+    'two_routes_to_one_final_source': (
+        [{'a/p/kernel': 'a/q/kernel'},
+         {'c/p/kernel': 'c/q/kernel', 'a/q': 'c/q', 'a': 'c'}],
+        {'a': 'c', 'a/p/kernel': 'c/q/kernel', 'c/p/kernel': 'c/q/kernel'},
+        False),  # a/p/kernel and c/p/kernel run before c/q/kernel
+}
+
+
+@needs_patch
+@pytest.mark.parametrize('case', list(UNION_CASES))
+def test_stacked_declarations_are_their_union_in_one_mapping(case):
+  declarations, tied, init_is_apply = UNION_CASES[case]
+  union = {k: v for d in declarations for k, v in d.items()}
+  model = stacked(*declarations, cls=Root)()
+  if init_is_apply:
+    assert_like_hand_shared(model, root_reads(tied), untied=Root())
+  assert_reads(model, root_reads(tied))
+  for keys in itertools.permutations(union):
+    assert_like_one_mapping(model, nn.tie(Root, {k: union[k] for k in keys})())
+
+
+@needs_patch
+def test_two_declared_sources_of_one_target_ending_at_one_path_agree():
+  # a -> b -> c, and a -> c: one final source, in either order.
+  for declarations in ([{'a': 'b'}, {'b': 'c', 'a': 'c'}],
+                       [{'b': 'c', 'a': 'c'}, {'a': 'b'}]):
+    assert_like_hand_shared(stacked(*declarations, cls=Root)(),
+                            root_reads({'a': 'c', 'b': 'c'}), untied=Root())
+
+
+def test_two_declared_viewed_routes_to_one_source_agree():
+  double, shift = (lambda v: 2 * v), (lambda v: v + 1)
+  x = np.arange(3.0)
+  declared = [*tie_spec.normalize({'c': ('b', double), 'b': ('a', shift)},
+                                  'params', ()),
+              *tie_spec.normalize({'c': ('d', double), 'd': ('a', shift)},
+                                  'params', ())]
+  for order in itertools.permutations(declared):
+    resolved = {t.target: t for t in tie_spec.compose(order)}
+    assert {t.source for t in resolved.values()} == {('a',)}
+    np.testing.assert_array_equal(resolved[('c',)].view(x), double(shift(x)))
+
+
+NO_CYCLE = {'a': 'b', 'b/p': 'a/q', 'c/q': 'a/p'}
+
+
+@needs_patch
+@pytest.mark.parametrize('keys', list(itertools.permutations(NO_CYCLE)))
+def test_a_chain_through_one_tie_at_two_paths_is_no_cycle(keys):
+  # c/q -> a/p -> b/p (through a -> b) -> a/q -> b/q (through a -> b again):
+  # no path is passed twice.
+  model = nn.tie(Root, {k: NO_CYCLE[k] for k in keys})()
+  assert_like_hand_shared(model, root_reads(
+      {'a/p': 'b/q', 'a/q': 'b/q', 'b/p': 'b/q', 'c/q': 'b/q'}),
+                          untied=Root())
+
+
+@needs_patch
+@pytest.mark.parametrize('ties, cycle', [
+    ({'a/p': 'b/p', 'b': 'a'}, '/a/p -> /b/p -> /a/p'),
+    # a is b/p and b is a/q: a would be inside itself (a/q/p).
+    ({'a': 'b/p', 'b': 'a/q'}, '/a -> /b/p -> /a/q/p'),
+    ({'c/q': 'a/p', 'a': 'b', 'b/p': 'c/q'}, '/b/p -> /c/q -> /a/p -> /b/p'),
+])
+def test_a_chain_back_at_a_path_it_passed_is_a_cycle(ties, cycle):
+  message = error(nn.tie(Root, ties)())
+  assert f'form a cycle: {cycle}.' in message
+
+
+# ---------------------------------------------------------------------------
 # One module at two places, wherever Flax reaches the target.
 # ---------------------------------------------------------------------------
 

@@ -19,12 +19,15 @@ hold, by hand, what they read (``tie_models.assert_like_hand_shared``).
 import os
 
 import flax.linen as nn
+from hypothesis import assume
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 import pytest
 
 import flax_tieext  # noqa: F401
+from flax_tieext import TieError
+from flax_tieext.core import tie_spec
 from tie_models import Chain, Leaf, assert_like_hand_shared
 
 pytestmark = pytest.mark.needs_patch
@@ -113,3 +116,44 @@ def test_tied_model_equals_its_union_find_reference(drawn):
   ties, remat = drawn
   assert_like_hand_shared(tied_model(ties, remat), union_find_reads(ties),
                           untied=Chain(names=SITES))
+
+
+# Stacked declarations are their union in one mapping (issue 34): ties
+# between the modules (``a``), their children (``a/p``) and kernels
+# (``a/p/kernel``) of four sites, split into two declarations each valid on
+# its own, have the one mapping's normal form, or raise its error.
+WRAPS = ('a', 'b', 'c', 'd')
+
+
+@st.composite
+def split_tie_sets(draw):
+  def path(level):
+    return '/'.join([draw(st.sampled_from(WRAPS)),
+                     draw(st.sampled_from('pq')), 'kernel'][:level + 1])
+  ties = {}
+  for _ in range(draw(st.integers(1, 6))):
+    level = draw(st.integers(0, 2))
+    ties[path(level)] = path(level)
+  items = draw(st.permutations(list(ties.items())))
+  k = draw(st.integers(0, len(items)))
+  return dict(items[:k]), dict(items[k:])
+
+
+def normal_form(*mappings):
+  """``{target: source}`` of the declarations stacked, or the TieError."""
+  declared = ()
+  try:
+    for mapping in mappings:
+      declared += tie_spec.normalize(mapping, 'params', ())
+    return {t.target: t.source for t in tie_spec.compose(declared)}
+  except TieError as e:
+    return str(e)
+
+
+@settings(max_examples=EXAMPLES * 50, deadline=None, derandomize=True,
+          database=None)
+@given(drawn=split_tie_sets())
+def test_stacked_declarations_have_their_union_s_normal_form(drawn):
+  first, second = drawn
+  assume(all(isinstance(normal_form(m), dict) for m in drawn))
+  assert normal_form(first, second) == normal_form({**first, **second})

@@ -61,3 +61,74 @@ def test_each_call_site_traced_once(depth, remat):
   CALLS.clear()
   jax.grad(lambda v: model.apply(v, x).sum())(variables)
   assert len(CALLS) == 2 ** depth
+
+
+class Pair(nn.Module):
+  """Two Dense layers; ``mode`` (static) chooses their order."""
+
+  @nn.compact
+  def __call__(self, x, mode='ab'):
+    CALLS.append(mode)
+    a, b = nn.Dense(2, name='a'), nn.Dense(2, name='b')
+    return b(a(x)) if mode == 'ab' else a(b(x))
+
+
+@pytest.mark.parametrize('static', ['static_argnames', 'static_argnums',
+                                    'none'])
+def test_jit_of_a_tied_module_traces_as_the_untied_one(static):
+  """Every apply of nn.jit(nn.tie(...)) retraced (the key held per-call state)."""
+  kwargs = {'static_argnames': {'static_argnames': 'mode'},
+            'static_argnums': {'static_argnums': 2}, 'none': {}}[static]
+  modes = ['ab', 'ba', 'ab', 'ba'] if static != 'none' else ['ab'] * 4
+  x = jnp.ones((1, 2))
+  counts = []
+  for cls in (Pair, nn.tie(Pair, {'b': 'a'})):
+    jitted = nn.jit(cls, **kwargs)
+    variables = jitted().init(jax.random.key(0), x)
+    CALLS.clear()
+    for mode in modes:
+      if static == 'static_argnums':
+        jitted().apply(variables, x, mode)
+      elif static == 'static_argnames':
+        jitted().apply(variables, x, mode=mode)
+      else:
+        jitted().apply(variables, x)
+    counts.append(len(CALLS))
+  assert counts[1] == counts[0] == len(set(modes))
+
+
+class Head(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    CALLS.append(self.scope.path)
+    return nn.Dense(2, use_bias=False, name='d')(x)
+
+
+JittedHead = nn.jit(Head)  # one class: its call sites may share a trace
+
+
+def heads(wrapped, views):
+  class Heads(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      y = nn.Dense(2, use_bias=False, name='src')(x)
+      return wrapped(name='b')(x) + 2 * wrapped(name='c')(x) + y
+
+  return nn.tie(Heads, {'b/d/kernel': ('src/kernel', views[0]),
+                        'c/d/kernel': ('src/kernel', views[1])})
+
+
+@pytest.mark.parametrize('same_view', [False, True])
+def test_jit_call_sites_whose_views_differ_trace_apart(same_view):
+  """Two nn.jit call sites whose ties differ only in the view shared a trace."""
+  views = ((jnp.transpose, jnp.transpose) if same_view
+           else (jnp.transpose, lambda k: 2 * k))
+  x = jnp.arange(4.0).reshape(2, 2)
+  variables = heads(Head, views)().init(jax.random.key(0), x)
+  expected = heads(Head, views)().apply(variables, x)
+  CALLS.clear()
+  got = heads(JittedHead, views)().apply(variables, x)
+  assert jnp.allclose(got, expected)
+  assert len(CALLS) == (1 if same_view else 2)  # one trace per distinct trace

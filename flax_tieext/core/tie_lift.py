@@ -233,6 +233,18 @@ class Packed:
     self.reals = scopes + [real for _, real, _, _ in extra]
     self.kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
     self.name, self.tie_sources = name, tie_sources
+    # A transform that reuses its trace keys it on the variables' tree: the
+    # ties inside, views included, are part of what the trace computes.
+    self.key = tuple(
+        tuple((tie.target[len(s.path):], col, tie.view) for tie, col in ties)
+        for s, ties in zip(scopes, inside)
+    ) if tie_sources is not None and tie_sources.caches_trace else None
+
+  def keyed(self, variable_groups):
+    """``variable_groups``, keyed by the ties inside where the trace is reused."""
+    if self.key is None or not any(self.key):
+      return variable_groups
+    return _Keyed(variable_groups, self.key)
 
   def wrap(self, scope_fn, repack_fn):
     """``(scope_fn, repack_fn)`` of the scopes packed, for the given tree."""
@@ -245,8 +257,10 @@ class Packed:
                 for s in reals]
     calls = []
 
-    def tied_scope_fn(*args, **kwargs):
-      inner = scope_fn(*args, **kwargs)
+    def tied_scope_fn(variable_groups, *args, **kwargs):
+      if isinstance(variable_groups, _Keyed):
+        variable_groups = variable_groups.groups
+      inner = scope_fn(variable_groups, *args, **kwargs)
       _link(reals, inner, self.name, self.tie_sources, self.kinds)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
@@ -270,6 +284,21 @@ class Packed:
       return repack_fn(inner)
 
     return tied_scope_fn, tied_repack_fn
+
+
+@jax.tree_util.register_pytree_node_class
+class _Keyed:
+  """Variable groups whose tree carries a key (``nn.jit`` keys on the tree)."""
+
+  def __init__(self, groups, key):
+    self.groups, self.key = groups, key
+
+  def tree_flatten(self):
+    return (self.groups,), self.key
+
+  @classmethod
+  def tree_unflatten(cls, key, children):
+    return cls(children[0], key)
 
 
 def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:

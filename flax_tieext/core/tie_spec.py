@@ -53,6 +53,9 @@ class Tie:
   collections: Any  # a hashable collection filter
   view: Callable[[Any], Any] | None
   declared_at: Path
+  # In a normal form: the tie as declared that this one resolves (or is
+  # implied by), which :func:`compose` composes again with other ties.
+  raw: Tie | None = dataclasses.field(default=None, repr=False)
 
   def applies_to(self, col: str) -> bool:
     return in_filter(self.collections, col)
@@ -156,67 +159,89 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
   * a path resolves through the tie whose target is its longest prefix
     (``b/d`` under a tie ``b -> c`` is ``c/d``), repeatedly: chains collapse
     to their final source, and their views compose;
-  * a chain that uses a tie twice is a cycle (``TieError`` naming it); a
-    target at or inside its own final source, or around it, is refused;
-  * a target has one source: two ties of one target with different sources,
-    or a target inside another target whose source gives it another final
-    source, are a ``TieError`` naming the target and both sources (a tie that
-    agrees with its ancestor's is redundant and dropped). A tie declared by
-    the target module itself (inside the outer target) is its own: it is
-    followed first, as the tie of the longest prefix;
+  * a chain that comes back to a path it passed, or into it (``a -> b/x``,
+    ``b -> a/y``), is a cycle (``TieError`` naming it): passing through one
+    tie at two paths (``a/p`` and ``a/q``) is not; a target at or inside its
+    own final source, or around it, is refused;
+  * a target has one final source: two ties of one target whose chains end
+    at different sources, or a target inside another target whose source
+    gives it another final source, are a ``TieError`` naming the target and
+    both sources (a tie that agrees with its ancestor's is kept, for its
+    target's checks). A tie declared by the target module itself (inside the
+    outer target) is its own: it is followed first, as the tie of the longest
+    prefix;
   * a target whose source holds tied paths holds them tied alike (``c -> b``
     with ``b/d -> a/d`` gives ``c/d -> a/d``).
+
+  A tie of a normal form stands for the tie as declared that it comes from
+  (``raw``), so normal forms stacked mean what their ties in one mapping
+  mean.
 
   Returns the resolved ties, one per target, sorted by target: ``source`` is
   the final source (a path no tie names), ``view`` the composed view.
   """
+  declared = {id(t.raw or t): t.raw or t for t in ties}.values()
   by_target: dict[Path, Tie] = {}
-  for tie in sorted(ties, key=_order):
+  others = []  # more ties of a target in by_target: their chains must agree
+  for tie in sorted(declared, key=_order):
     if is_within(tie.target, tie.source) or is_within(tie.source, tie.target):
       inner, outer = ((tie.target, tie.source) if len(tie.target)
                       > len(tie.source) else (tie.source, tie.target))
       raise tie_errors.ancestor(tie, inner, outer)
     known = by_target.setdefault(tie.target, tie)
     if (known.source, known.view) != (tie.source, tie.view):
-      raise tie_errors.two_sources(tie.target, (known.source, known),
-                                   (tie.source, tie))
+      others.append(tie)
 
-  def owner(path: Path, below: int = 0) -> Tie | None:
-    """The tie whose target is the longest prefix of ``path`` (of length > below)."""
-    for end in range(len(path), below, -1):
+  def owner(path: Path) -> Tie | None:
+    """The tie whose target is the longest prefix of ``path``."""
+    for end in range(len(path), 0, -1):
       found = by_target.get(path[:end])
       if found is not None:
         return found
     return None
 
-  def resolve(tie: Tie, path: Path, view):
-    """``(final path, view)`` of ``path``, reached through ``tie``."""
-    used, seen = [tie], [tie.target, path]
+  def resolve(tie: Tie, under: Path = ()):
+    """``(final path, view)`` of ``tie.target + under``, through ``tie``."""
+    steps = [(tie, under)]  # each tie followed, and the path below its target
+    path, view = tie.source + under, tie.view
     while (next_tie := owner(path)) is not None:
-      if next_tie in used:
-        raise tie_errors.cycle(used, seen)
-      used.append(next_tie)
-      path = next_tie.source + path[len(next_tie.target):]
-      seen.append(path)
+      rest = path[len(next_tie.target):]
+      low = len(rest)
+      for k in range(len(steps) - 1, -1, -1):
+        # Back at a path it passed (or inside it), the part below that path
+        # untouched since: the same ties lead there again, without end.
+        before = steps[k][1]
+        if steps[k][0].target == next_tie.target and low >= len(before):
+          paths = [t.target + r for t, r in steps[k:]] + [path]
+          raise tie_errors.cycle([t for t, _ in steps[k:]],
+                                 [p[:len(p) - len(before)] for p in paths])
+        low = min(low, len(before))
+      steps.append((next_tie, rest))
+      path = next_tie.source + rest
       if next_tie.view is not None:
         view = next_tie.view if view is None else _compose(view, next_tie.view)
     return path, view
 
   resolved: dict[Path, Tie] = {}
   for target, tie in by_target.items():
-    source, view = resolve(tie, tie.source, tie.view)
+    source, view = resolve(tie)
     if is_within(target, source) or is_within(source, target):
       raise tie_errors.ancestor(tie, target, source)
     outer = owner(target[:-1])
     if outer is not None and not is_within(tie.declared_at, outer.target):
       # Inside another target, declared outside it: it must agree.
-      implied = resolve(outer, outer.source + target[len(outer.target):],
-                        outer.view)
+      implied = resolve(outer, target[len(outer.target):])
       if implied != (source, view):
         raise tie_errors.two_sources(target, (source, tie),
                                      (implied[0], outer))
-      continue
-    resolved[target] = dataclasses.replace(tie, source=source, view=view)
+    resolved[target] = dataclasses.replace(tie, source=source, view=view,
+                                           raw=tie)
+  for tie in others:  # (in two declarations): both chains end at one path
+    known = resolved[tie.target]
+    found = resolve(tie)
+    if found != (known.source, known.view):
+      raise tie_errors.two_sources(tie.target, (known.source, known.raw),
+                                   (found[0], tie))
 
   # A target holds the tied paths of its source tied alike.
   for _ in range(len(resolved) + 1):
@@ -243,8 +268,21 @@ def _order(tie: Tie):
   return tie.target, tie.source, tie.declared_at
 
 
-def _compose(outer, inner):
-  return lambda x: outer(inner(x))
+@dataclasses.dataclass(frozen=True)
+class _Composed:
+  """Views, applied innermost first: equal where views and order are."""
+
+  views: tuple[Callable[[Any], Any], ...]
+
+  def __call__(self, x):
+    for view in reversed(self.views):
+      x = view(x)
+    return x
+
+
+def _compose(outer, inner) -> _Composed:
+  views = lambda f: f.views if isinstance(f, _Composed) else (f,)
+  return _Composed(views(outer) + views(inner))
 
 
 class Form:
@@ -274,24 +312,40 @@ class Form:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
 class InForce:
   """The ties declared at a scope and its ancestors, as a scope keeps them.
 
-  Immutable and compared by the declarations (``nn.jit`` hashes a scope's
-  flags, where ``flax.core.ties`` keeps it); the normal form of each
-  collection is derived from them once, on first use.
+  Compared and hashed by the declarations alone: ``nn.jit`` keys its trace
+  on a scope's flags, where the ties are kept, so what a call derives and
+  learns (the normal forms, the init log) must not make a new key. Not a
+  dataclass, which Flax's fingerprint would take apart field by field. The
+  normal form of each collection is derived once, on first use.
+
+  Attributes:
+    declared: the ties, as declared.
+    normal: whether ``declared`` is one declaration's normal form
+      (``normalize``), with one collection filter: then it is every
+      collection's normal form.
+    forms: collection -> :class:`Form`, derived on first use.
+    log: while initializing, what this init learns (shared by every scope of
+      it); None outside an init.
   """
 
-  declared: tuple[Tie, ...]
-  # Whether ``declared`` is one declaration's normal form (``normalize``),
-  # with one collection filter: then it is every collection's normal form.
-  normal: bool = dataclasses.field(default=False, compare=False)
-  forms: dict = dataclasses.field(default_factory=dict, compare=False,
-                                  repr=False)
-  # While initializing: what this init learns (shared by every scope of it);
-  # None outside an init.
-  log: Any = dataclasses.field(default=None, compare=False, repr=False)
+  def __init__(self, declared: tuple[Tie, ...], normal: bool = False,
+               forms: dict | None = None, log: Any = None):
+    self.declared = declared
+    self.normal = normal
+    self.forms = {} if forms is None else forms
+    self.log = log
+
+  def __eq__(self, other):
+    return isinstance(other, InForce) and self.declared == other.declared
+
+  def __hash__(self):
+    return hash(self.declared)
+
+  def __repr__(self):
+    return f'InForce({self.declared!r})'
 
   def form(self, col: str) -> Form:
     found = self.forms.get(col)

@@ -454,7 +454,7 @@ def _module_collection(scope, tie: Tie, col: str, write: bool):
   # target's tied paths below it resolve on their own.
   found = bool(node) or bool(ties_below(scope, tie.target, col))
   how = resolve(scope, tie, col, write=write, found=found,
-                given=bool(stored(scope, scope.path, col)), crossed=crossed)
+                given=_given(scope, col), crossed=crossed)
   if how == COPY:
     if col != 'params' and not write:
       return _untied(scope, col, write)  # nothing of its own yet
@@ -471,6 +471,20 @@ def _module_collection(scope, tie: Tie, col: str, write: bool):
     return FrozenDict()  # a mutable collection the source has not written
   scope._variables[col] = node
   return node
+
+
+def _given(scope, col: str) -> bool:
+  """Whether values are stored at ``scope``'s own path in ``col``.
+
+  Not so below an inner root that is itself a target: it holds its source's
+  variables, carried into the transform (``tie_lift``); values given for it
+  were refused outside.
+  """
+  root = scope.root
+  if (scope is not root and LIFT_FLAG in root.flags
+      and tie_at(root, root.path, col) is not None):
+    return False
+  return bool(stored(scope, scope.path, col))
 
 
 def _own(scope, col: str):
@@ -660,16 +674,18 @@ def refuse_unknown_collection(scope, name: str):
   """``Scope.param`` found no ``name``: a tie naming a collection nothing has.
 
   Raises the TieError that names it, where a tie covering the parameter names
-  a collection that no scope has and one that is there is spelled alike.
+  only collections that no scope has (the tie that should have given the
+  parameter names another collection; Flax's error would not say why the
+  parameter is missing).
   """
   path = scope.path + (name,)
   given = visible_collections(scope)
   for tie in ties_in_force(scope):
-    if not is_within(path, tie.target):
+    names = named_collections(tie.collections)
+    if not is_within(path, tie.target) or any(c in given for c in names):
       continue
-    for col in named_collections(tie.collections):
-      if (col not in given and not scope.is_mutable_collection(col)
-          and tie_errors.did_you_mean(col, given)):
+    for col in names:
+      if not scope.is_mutable_collection(col):
         raise tie_errors.collection_unknown(
             tie, col, given, held_elsewhere(scope, tie.target, col))
 

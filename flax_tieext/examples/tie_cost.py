@@ -64,8 +64,60 @@ class Blocks(nn.Module):
     return x
 
 
-def model(blocks: int, kind: Kind) -> nn.Module:
-  """Every block tied to ``block_0`` (``tied``), or one shared block."""
+class Attention(nn.Module):
+  """Reads the attention mask from collection ``graph`` (the user's report)."""
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask',
+                         lambda: jnp.tril(jnp.ones((FEATURES, FEATURES))))
+    return x @ (0.5 * mask.value)
+
+
+class InnerBlock(nn.Module):
+  """The original pattern: block ``idx > 0`` ties its attention to block 0's.
+
+  The tie is declared inside the block, so inside its ``nn.remat``, and its
+  source ``/block_0/attn`` lies outside it; with ``attn`` given, the block
+  calls that one shared instance instead (the hand-shared model).
+  """
+
+  idx: int = 0
+  attn: nn.Module | None = None
+
+  @nn.compact
+  def __call__(self, x):
+    attn = self.attn
+    if attn is None:
+      cls = Attention if self.idx == 0 else nn.tie(
+          Attention, {'.': '/block_0/attn'}, collections='graph')
+      attn = cls(name='attn')
+    return x + jnp.tanh(nn.Dense(FEATURES, name='dense')(attn(x)))
+
+
+class InnerBlocks(nn.Module):
+  """``blocks`` blocks, ``nn.remat`` applied in the loop as the README does."""
+
+  blocks: int
+  shared: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    attn = Attention(name='attn') if self.shared else None
+    for i in range(self.blocks):
+      x = nn.remat(InnerBlock)(i, attn, name=f'block_{i}')(x)
+    return x
+
+
+def model(blocks: int, kind: Kind, inner: bool = False) -> nn.Module:
+  """Every block tied to ``block_0`` (``tied``), or one shared block.
+
+  With ``inner``, the original pattern: each block ties its attention mask
+  to block 0's (a tie declared inside the rematted block), against one
+  attention instance passed into every block.
+  """
+  if inner:
+    return InnerBlocks(blocks, shared=kind == 'shared')
   if kind == 'shared':
     return Blocks(blocks, shared=True)
   tied = nn.tie(Blocks, {f'block_{i}': 'block_0' for i in range(1, blocks)})
@@ -91,28 +143,29 @@ def python_calls(fn: Callable[[], Any]) -> int:
   return count
 
 
-def init_calls(blocks: int, kind: Kind) -> int:
+def init_calls(blocks: int, kind: Kind, inner: bool = False) -> int:
   """Python calls of ``init``, traced abstractly."""
-  m = model(blocks, kind)
+  m = model(blocks, kind, inner)
   return python_calls(lambda: jax.eval_shape(m.init, jax.random.key(0), INPUT))
 
 
-def grad_calls(blocks: int, kind: Kind) -> int:
+def grad_calls(blocks: int, kind: Kind, inner: bool = False) -> int:
   """Python calls of tracing the gradient of the output's sum."""
-  m = model(blocks, kind)
+  m = model(blocks, kind, inner)
   variables = jax.eval_shape(m.init, jax.random.key(0), INPUT)
   loss = lambda v, x: m.apply(v, x).sum()
   return python_calls(lambda: jax.eval_shape(jax.grad(loss), variables, INPUT))
 
 
-def ratios(blocks: int, grad: bool = True) -> dict[str, float]:
+def ratios(blocks: int, grad: bool = True,
+           inner: bool = False) -> dict[str, float]:
   """``init`` (and grad-trace) calls, tied / hand-shared, at ``blocks``."""
-  init_calls(2, 'tied'), init_calls(2, 'shared')  # warm JAX's caches
-  row = {'blocks': blocks, 'init_tied': init_calls(blocks, 'tied'),
-         'init_shared': init_calls(blocks, 'shared')}
+  init_calls(2, 'tied', inner), init_calls(2, 'shared', inner)  # warm caches
+  row = {'blocks': blocks, 'init_tied': init_calls(blocks, 'tied', inner),
+         'init_shared': init_calls(blocks, 'shared', inner)}
   row['init_ratio'] = row['init_tied'] / row['init_shared']
   if grad:
-    row['grad_tied'] = grad_calls(blocks, 'tied')
-    row['grad_shared'] = grad_calls(blocks, 'shared')
+    row['grad_tied'] = grad_calls(blocks, 'tied', inner)
+    row['grad_shared'] = grad_calls(blocks, 'shared', inner)
     row['grad_ratio'] = row['grad_tied'] / row['grad_shared']
   return row

@@ -23,6 +23,7 @@ functional-core transforms in ``flax_tieext.core.lift`` via
 # pylint: disable=g-importing-member,unused-import
 import functools
 import inspect
+import weakref
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
@@ -313,6 +314,30 @@ def tie(
         ' ties name, e.g. nn.tie(Encoder, {"block_1": "block_0"}).')
   partial_object = target if isinstance(target, functools.partial) else None
   module_class = partial_object.func if partial_object else target
+  tied = _tied_class(module_class, ties, collections)
+  if partial_object is not None:
+    return functools.partial(tied, *partial_object.args,
+                             **partial_object.keywords)
+  return tied
+
+
+# One tied class per (class, ties, collections) while it is in use: nn.tie
+# called in a loop or a method (a block tying its attention at each call)
+# makes its class once, and call sites of one jitted tied class share their
+# traces. Weak values: a class no longer used is freed, as without the cache.
+_TIED_CLASSES = weakref.WeakValueDictionary()
+
+
+def _tied_class(module_class, ties, collections):
+  """The subclass of ``module_class`` that declares ``ties``, made once."""
+  key = (module_class, tuple(ties.items()),
+         tuple(collections) if isinstance(collections, list) else collections)
+  try:
+    tied = _TIED_CLASSES.get(key)
+  except TypeError:  # an unhashable view or filter: a class of its own
+    key, tied = None, None
+  if tied is not None:
+    return tied
 
   def declare(module):
     # A TestScope is the root of a clone that only runs setup's static checks.
@@ -384,7 +409,6 @@ def tie(
       '__module__': module_class.__module__,
       '__qualname__': module_class.__qualname__,
   })
-  if partial_object is not None:
-    return functools.partial(tied, *partial_object.args,
-                             **partial_object.keywords)
+  if key is not None:
+    _TIED_CLASSES[key] = tied
   return tied
