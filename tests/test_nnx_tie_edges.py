@@ -206,3 +206,23 @@ def test_a_tied_module_pickles(cls):
     loaded.embed.embedding[...] = 2 * loaded.embed.embedding[...]
     np.testing.assert_array_equal(loaded.head.kernel[...],
                                   loaded.embed.embedding[...].T)
+
+
+# --------------------------------------------------------------------------
+# A view target copied apart from its source
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize('graph', [False, True])
+def test_a_view_passed_without_its_source_names_the_tie(graph):
+  """It named no path, and said "pass graph=False" where it was passed."""
+  model = TiedLM(rngs=nnx.Rngs(0))
+  head = lambda h, x: h.kernel.get_value() @ x
+  with pytest.raises(TieError) as info:
+    nnx.jit(head, graph=graph)(model.head, jnp.ones((8,)))
+  message = str(info.value)
+  assert "'head.kernel' -> 'embed.embedding'" in message
+  assert 'pass the tied module itself' in message
+  # The tied module passed whole is the fix the message gives.
+  np.testing.assert_allclose(
+      nnx.jit(lambda m, x: head(m.head, x), graph=False)(model,
+                                                         jnp.ones((8,))),
+      model.embed.embedding.get_value().T @ jnp.ones((8,)), rtol=1e-6)

@@ -195,12 +195,17 @@ def _view_type(var_type: type[nnx.Variable]) -> type[nnx.Variable]:
     try:
       source, fn = self._tie_source, self._tie_record.view
     except AttributeError:
+      tie = self.get_metadata().get('tie_view', 'a tie through a view')
       raise TieError(
-          f'A {var_type.__name__} tied through a view was rebuilt without its'
-          ' source: a graph-mode transform or nnx.merge(graph=True) copies'
-          ' Variables one by one. View ties are resolved by tree mode: pass'
-          ' graph=False to the transform (or tie without a view, a shared'
-          ' reference that graph mode keeps).'
+          f'The {var_type.__name__} target of the {tie} was rebuilt without'
+          ' its source, so its view cannot be computed. Two things copy it'
+          ' apart from its source: (1) a transform, nnx.split or nnx.state'
+          ' given a submodule that holds the target but not the tied module'
+          ' that declares the tie: pass the tied module itself (its pytree'
+          ' rebuilds the view from the source); (2) a graph-mode transform or'
+          ' nnx.merge(graph=True), which copies Variables one by one: pass'
+          ' graph=False, or tie without a view (a shared reference, which'
+          ' graph mode keeps).'
       ) from None
     value = fn(source.get_value())
     if not (index is _WHOLE or index is ... or isinstance(index, variablelib.Missing)):
@@ -299,6 +304,7 @@ def _make_view(source: nnx.Variable, record: Tie):
   # The source's metadata, less its sharding: it describes the source's axes.
   metadata = {k: v for k, v in source.get_metadata().items()
               if k not in _SHARDING_METADATA}
+  metadata['tie_view'] = record.describe()  # kept by copies, for errors
   view = _view_type(type(source))._new(
       _view_shape(record.view, tuple(raw.shape), raw.dtype), metadata)
   object.__setattr__(view, '_tie_source', source)
