@@ -16,8 +16,10 @@
 
 Hypothesis draws small Flax programs that use neither feature: nestings of
 ``nn.remat`` / ``nn.checkpoint`` / ``nn.partitioning.remat`` (with
-``static_argnums`` holding ints, bools, strs, tuples, ``None`` and NumPy
-arrays), ``nn.scan``, ``nn.vmap``, ``nn.jit``, ``nn.cond`` and
+static values that are ints, bools, strs, tuples, ``None`` and NumPy arrays,
+and ``static_argnums`` given in every form: an int, a tuple, a list, a range,
+a set, a bool, NumPy integers and arrays, negative and out of range),
+``nn.scan``, ``nn.vmap``, ``nn.jit``, ``nn.cond`` and
 ``nn.map_variables``, compact and setup modules, named and auto-named
 submodules, a mutable collection, ``init`` and ``init_with_output``, ``bind``,
 eager and jitted calls. Each batch of programs runs in two fresh
@@ -59,6 +61,16 @@ WRAPS = ('remat', 'checkpoint', 'partitioning', 'jit', 'vmap', 'scan',
 STATIC_VALUES = {
     'int': '2', 'bool': 'True', 'str': "'tanh'", 'tuple': '(1, 2)',
     'none': 'None', 'array': 'np.array([2, 0, 1, 3])',
+}
+# How static_argnums gives the index {i} of `opt` (or misses it): every form
+# plain Flax takes or refuses. A bare int of nn.partitioning.remat is left
+# out: plain Flax refuses it, the patch takes it on purpose.
+ARGNUMS_FORMS = {
+    'tuple': '({i},)', 'int': '{i}', 'negative': '-1', 'negative_tuple':
+    '(-1,)', 'numpy_int': 'np.int64({i})', 'numpy_int_tuple':
+    '(np.int64({i}),)', 'list': '[{i}]', 'range': 'range({i}, {i} + 1)',
+    'set': '{{{i}}}', 'array': 'np.array([{i}])', 'bool': 'True',
+    'out_of_range': '({i} + 3,)',
 }
 
 # The leaf: uses `opt` in Python, so it must be static under remat (or the
@@ -197,6 +209,7 @@ def programs(draw):
       'remat': draw(st.sampled_from(['none', 'remat', 'checkpoint',
                                      'partitioning'])),
       'static': draw(st.booleans()),
+      'form': draw(st.sampled_from(sorted(ARGNUMS_FORMS))),
       'wraps': draw(st.lists(st.sampled_from(WRAPS), max_size=2)),
       'layers': draw(st.integers(1, 2)),
       'init_with_output': draw(st.booleans()),
@@ -226,7 +239,11 @@ def render(n: int, p: dict) -> str:
   if entry is None:
     leaf_cls = 'Leaf'
   elif p['static']:
-    leaf_cls = f'{entry}(Leaf, static_argnums=({index},))'
+    form = p.get('form', 'tuple')
+    if form == 'int' and p['remat'] == 'partitioning':
+      form = 'tuple'
+    argnums = ARGNUMS_FORMS[form].format(i=index)
+    leaf_cls = f'{entry}(Leaf, static_argnums={argnums})'
   else:
     leaf_cls = f'{entry}(Leaf)'
   value = STATIC_VALUES[p['kind']]

@@ -22,21 +22,33 @@ A name in backticks that looks like a code path is checked:
   attribute (a trailing call, ``install()``, is dropped);
 * a dotted name whose first part is one of the package's own modules
   (``ties.resolve``, ``tie_spec.normal_form``) must be an attribute of that
-  module, wherever in the package it lives.
+  module, wherever in the package it lives;
+* a dotted name whose first part is one of the package's own classes
+  (``Packed.wrap``) must be an attribute or field of that class;
+* a file name outside those folders (``noxfile.py``, ``core/ties.py``,
+  ``partitioning.py``) must exist in the repository, in the package, or in
+  the installed Flax (whose files the pages cite too);
+* a ``flax.`` name must not put one of the package's modules inside Flax
+  (``flax.core.tie_lift``): no Flax release has them.
 
-Flax's and JAX's names are not checked here: which exist depends on the
+Flax's and JAX's names are not checked otherwise: which exist depends on the
 release, and the pages' examples (``tests/test_docs_examples.py``) run them.
-Nor are Flax's own test files (``tests/linen/...``, from its sdist), build
+Nor are Flax's own test files (``tests/linen/...``, ``*_test.py``: they are in
+its sdist, not in the installed package), build
 outputs, placeholders (``docs/upstream/NN-name.md``, ``flax_tieext.X``), or
 CHANGELOG.md, which records names as they were when each change was made.
 """
 
+import dataclasses
 import importlib
 import importlib.util
+import inspect
+import os
 import pathlib
 import pkgutil
 import re
 
+import flax
 import pytest
 
 import flax_tieext
@@ -63,6 +75,53 @@ def _own_modules():
 
 
 OWN = _own_modules()
+FLAX = pathlib.Path(flax.__file__).resolve().parent
+
+
+def _own_classes():
+  """Class name -> the package's classes of that name (``Packed`` -> ...).
+
+  The examples' models are left out: the pages define their own ``Block``.
+  """
+  classes = {}
+  for names in OWN.values():
+    for name in names:
+      if '.examples' in name:
+        continue
+      try:
+        module = importlib.import_module(name)
+      except Exception:  # pylint: disable=broad-except
+        continue  # e.g. NNX tree mode on a Flax without it
+      for attr, value in vars(module).items():
+        if inspect.isclass(value) and value.__module__ == name:
+          classes.setdefault(attr, []).append(value)
+  return classes
+
+
+def _file_names(top, skip=()):
+  """The names of the files under ``top``, outside dot-folders and ``skip``."""
+  names = set()
+  for folder, dirs, files in os.walk(top):
+    dirs[:] = [d for d in dirs if not d.startswith('.') and d not in skip
+               and not d.endswith('.egg-info')]
+    names.update(files)
+  return names
+
+
+CLASSES = _own_classes()
+FILE_NAMES = (_file_names(ROOT, skip={'_build', '__pycache__'})
+              | _file_names(FLAX))
+
+
+FILE_ROOTS = (ROOT, ROOT / 'docs', ROOT / 'flax_tieext', FLAX, FLAX.parent)
+
+
+def _has(cls, attr):
+  """Whether ``cls.attr`` exists, a dataclass field without a default too."""
+  if dataclasses.is_dataclass(cls):
+    if attr in {f.name for f in dataclasses.fields(cls)}:
+      return True
+  return hasattr(cls, attr)
 
 
 def _resolves(dotted):
@@ -98,6 +157,14 @@ def _problem(span):
     if not ((ROOT / path).exists() or (ROOT / 'docs' / path).exists()):
       return f'no file {path}'
     return None
+  if FILE_SUFFIX.search(text) and re.fullmatch(r'[\w./-]+', text):
+    if '/' not in text:
+      if text.endswith('_test.py'):
+        return None  # Flax's tests (ours are test_*.py), not installed
+      return None if text in FILE_NAMES else f'no file {text}, here or in Flax'
+    if not any((top / text).exists() for top in FILE_ROOTS):
+      return f'no file {text} (from the root, docs/, flax_tieext/ or Flax)'
+    return None
   match = DOTTED.fullmatch(re.sub(r'\(.*\)$', '', text))
   if not match or FILE_SUFFIX.search(text):
     return None
@@ -105,6 +172,18 @@ def _problem(span):
   head, _, rest = dotted.partition('.')
   if head == 'flax_tieext':
     return None if _resolves(dotted) else f'{dotted} does not exist'
+  if head == 'flax':
+    parts = dotted.split('.')
+    for cut in range(1, len(parts)):
+      if parts[cut] in OWN and not _resolves('.'.join(parts[:cut + 1])):
+        plugin = ', '.join(OWN[parts[cut]])
+        return f'{".".join(parts[:cut + 1])} is not Flax\'s; the plugin has {plugin}'
+    return None
+  if head in CLASSES:
+    attr = rest.split('.')[0]
+    if not any(_has(cls, attr) for cls in CLASSES[head]):
+      return f'{dotted}: no {attr} in {head}'
+    return None
   if head in OWN and head not in {'linen', 'nnx', 'core', 'lift', 'transforms', 'testing'}:
     attr = rest.split('.')[0]
     owners = OWN[head]
@@ -128,6 +207,17 @@ def test_the_checker_catches_what_it_is_for():
   assert _problem('tests/test_patch.py') is None
   assert _problem('jax.checkpoint') is None  # not ours: not checked
   assert _problem('tests/linen/linen_transforms_test.py') is None  # Flax's
+  assert _problem('core/no_such_module.py')
+  assert _problem('no_such_file.py')
+  assert _problem('core/ties.py') is None  # in the package
+  assert _problem('partitioning.py') is None  # Flax's linen/partitioning.py
+  assert _problem('flax/core/lift.py') is None  # Flax's
+  assert _problem('linen_linear_test.py') is None  # Flax's sdist
+  assert _problem('Packed.no_such_method')
+  assert _problem('Packed.wrap') is None
+  assert _problem('Tie.target') is None  # a dataclass field
+  assert _problem('flax.core.tie_lift')
+  assert _problem('flax.core.lift') is None
 
 
 @pytest.mark.parametrize('page', [p.relative_to(ROOT) for p in PAGES], ids=str)

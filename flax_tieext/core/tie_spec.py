@@ -20,9 +20,10 @@ absolute paths here, before any scope is involved, and :func:`compose` states
 what a set of ties means together (their normal form), which :class:`InForce`
 keeps for the ties in force at a scope, indexed by path (:class:`Form`). The
 mechanism that
-makes a tie hold inside scopes and lifted transforms is ``flax.core.ties``;
-the conversion of variable trees between the tied and untied layouts is
-``flax.core.tie_convert``; the messages are ``flax.core.tie_errors``. They use
+makes a tie hold inside scopes and lifted transforms is
+``flax_tieext.core.ties``; the conversion of variable trees between the tied
+and untied layouts is ``flax_tieext.core.tie_convert``; the messages are
+``flax_tieext.core.tie_errors``. They use
 the helpers below for paths and views of partitioned values.
 """
 

@@ -27,7 +27,7 @@ and ``Scope.param`` :func:`check_param`.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`). Lifted transforms take part through
-``flax.core.tie_lift``; the messages are ``flax.core.tie_errors``.
+``flax_tieext.core.tie_lift``; the messages are ``flax_tieext.core.tie_errors``.
 """
 
 from __future__ import annotations
