@@ -251,29 +251,21 @@ def test_tied_collection_absent_at_apply():
 
 
 @needs_patch
-def test_a_misspelled_tied_collection_at_apply_is_the_ties_error():
-  model = nn.tie(Chain, {'b': 'a', 'c': 'a'}, collections='parms')()
+@pytest.mark.parametrize('col, said', [
+    ('parms', "Did you mean 'params'?"),
+    # Like no given name: it was Flax's bare ScopeParamNotFoundError.
+    ('grpah', 'Fix the collection name in collections='),
+])
+def test_a_misspelled_tied_collection_at_apply_is_the_ties_error(col, said):
+  model = nn.tie(Chain, {'b': 'a', 'c': 'a'}, collections=col)()
   variables = nn.tie(Chain, {'b': 'a', 'c': 'a'})().init(
       jax.random.key(0), tie_models.X)
   with pytest.raises(TieError) as info:
     model.apply(variables, tie_models.X)
   message = str(info.value)
-  assert "ties collection 'parms'" in message
-  assert "Did you mean 'params'?" in message
-
-
-@needs_patch
-def test_a_tied_collection_named_unlike_any_given_is_the_ties_error():
-  """'grpah' is like no given name: Flax's bare ScopeParamNotFoundError."""
-  model = nn.tie(Chain, {'b': 'a', 'c': 'a'}, collections='grpah')()
-  variables = nn.tie(Chain, {'b': 'a', 'c': 'a'})().init(
-      jax.random.key(0), tie_models.X)
-  with pytest.raises(TieError) as info:
-    model.apply(variables, tie_models.X)
-  message = str(info.value)
-  assert "ties collection 'grpah'" in message
+  assert f"ties collection {col!r}" in message
   assert "collections given: 'params'" in message
-  assert 'Fix the collection name in collections=' in message
+  assert said in message
 
 
 @needs_patch
