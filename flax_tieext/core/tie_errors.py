@@ -35,8 +35,16 @@ FIX_PATH = ('Fix the {} path (paths are relative to the module that declares'
             ' the tie; a leading "/" starts at the root module).')
 
 
-def text(path) -> str:
-  return '/' + '/'.join(path)
+def text(path, sep: str = '/') -> str:
+  """``path`` as the user writes it: ``/a/b`` in Linen, ``'a.b'`` in NNX."""
+  if sep == '/':
+    return '/' + '/'.join(path)
+  return repr(sep.join(path)) if path else 'the module'
+
+
+def _declared(declared_at: Path, sep: str) -> str:
+  """Where a tie is declared; NNX ties are declared on the tied class."""
+  return f' declared at {text(declared_at)}' if sep == '/' else ''
 
 
 def tie_error(what: str, *options: str) -> TieError:
@@ -48,7 +56,8 @@ def tie_error(what: str, *options: str) -> TieError:
   return TieError(f'{what}\n\nOptions:{listed}' if options else what)
 
 
-def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
+def nearest(tree: Mapping[str, Any], path: Path, base: Path = (),
+            sep: str = '/') -> str:
   """Names that exist where ``path`` stops matching ``tree``, nearest first."""
   node, depth = tree, 0
   for name in path:
@@ -59,11 +68,11 @@ def nearest(tree: Mapping[str, Any], path: Path, base: Path = ()) -> str:
     return ''
   names = sorted(node) if isinstance(node, Mapping) else []
   near = difflib.get_close_matches(path[depth], names, n=3, cutoff=0.5)
-  where = text(base + path[:depth])
-  dotted = path[depth].split('.')
+  where = text(base + path[:depth], sep)
+  dotted = path[depth].split('.' if sep == '/' else '/')
   if len(dotted) > 1 and all(dotted):
-    return (f' Paths are "/"-separated: for {path[depth]!r} write'
-            f' {"/".join(dotted)!r}.')
+    return (f' Paths are "{sep}"-separated: for {path[depth]!r} write'
+            f' {sep.join(dotted)!r}.')
   if near:
     return f' Nearest existing names under {where}: {", ".join(near)}.'
   return f' Names that exist under {where}: {", ".join(names) or "none"}.'
@@ -94,49 +103,56 @@ def bad_source_spec(target_text: str, declared_at: Path, spec) -> TieError:
       f' must be a path, or a (path, view_fn) pair, got {spec!r}.')
 
 
-def path_not_a_str(what: str, declared_at: Path, path) -> TieError:
+def path_not_a_str(what: str, declared_at: Path, path,
+                   sep: str = '/') -> TieError:
   return TieError(
-      f'The {what} path of a tie declared at {text(declared_at)} must be a str,'
-      f' got {type(path).__name__} {path!r}. Write paths as "/"-separated'
-      ' module names, e.g. "block_1/attn", "head/kernel", "." or'
-      ' "/encoder/embed".')
+      f'The {what} path of a tie{_declared(declared_at, sep)} must be a'
+      f' str{"" if sep == "/" else " or a tuple of keys"}, got'
+      f' {type(path).__name__} {path!r}. '
+      + ('Write paths as "/"-separated module names, e.g. "block_1/attn",'
+         ' "head/kernel", "." or "/encoder/embed".' if sep == '/' else
+         "Write NNX attribute paths from the tied module, e.g. 'head.kernel'"
+         " or ('layers', 0, 'kernel')."))
 
 
-def above_root(what: str, path: str, declared_at: Path) -> TieError:
-  return TieError(f'The {what} path {path!r} of a tie declared at'
-                  f' {text(declared_at)} goes above the root module.')
+def above_root(what: str, path: str, declared_at: Path,
+               sep: str = '/') -> TieError:
+  return TieError(f'The {what} path {path!r} of a tie'
+                  f'{_declared(declared_at, sep)} goes above the root module.')
 
 
 def spelled_twice(first_text: str, second_text: str, declared_at: Path,
-                  target: Path, first, second) -> TieError:
+                  target: Path, first, second, sep: str = '/') -> TieError:
   """One mapping names a target twice (two spellings), differently."""
-  differ = (f'different sources ({text(first[0])} and {text(second[0])})'
-            if first[0] != second[0] else
-            f'the source {text(second[0])} with different views')
+  differ = (f'different sources ({text(first[0], sep)} and'
+            f' {text(second[0], sep)})' if first[0] != second[0] else
+            f'the source {text(second[0], sep)} with different views')
   return TieError(
-      f'Ties {first_text!r} and {second_text!r} declared at'
-      f' {text(declared_at)} both name {text(target)}, with {differ}. A target'
-      ' has one source: keep one of them.')
+      f'Ties {first_text!r} and {second_text!r}{_declared(declared_at, sep)}'
+      f' both name {text(target, sep)}, with {differ}. A target has one'
+      ' source: keep one of them.')
 
 
 def self_tie(target_text: str, spec: str, declared_at: Path,
-             target: Path) -> TieError:
+             target: Path, sep: str = '/') -> TieError:
   return TieError(
-      f'Tie {target_text!r} -> {spec!r} declared at {text(declared_at)} ties'
-      f' {text(target)} to itself. A tie needs two distinct paths: remove it,'
-      ' or name the module whose variables should be shared.')
+      f'Tie {target_text!r} -> {spec!r}{_declared(declared_at, sep)} ties'
+      f' {text(target, sep)} to itself. A tie needs two distinct paths: remove'
+      ' it, or name the module whose variables should be shared.')
 
 
 def _where(ties) -> str:
+  if ties[0].sep != '/':  # NNX: declared on the tied class
+    return ''
   places = sorted({t.declared_at for t in ties})
-  return ' and '.join(text(p) for p in places)
+  return ' declared at ' + ' and '.join(text(p) for p in places)
 
 
 def cycle(ties, paths: Sequence[Path]) -> TieError:
   """The chain of ties from a target comes back to a path it passed."""
   return TieError(
-      f'The ties declared at {_where(ties)} form a cycle: '
-      + ' -> '.join(text(p) for p in paths)
+      f'The ties{_where(ties)} form a cycle: '
+      + ' -> '.join(ties[0].text(p) for p in paths)
       + '. Every chain of ties must end at a stored path: pick one of them as'
       ' the source and tie the others to it.')
 
@@ -145,11 +161,11 @@ def two_sources(target: Path, first, second) -> TieError:
   """A target given two sources: ``first``/``second`` are ``(source, tie)``."""
   def how(source, tie):
     if tie.target == target:
-      return f'{text(source)} (the {tie.describe()})'
-    return (f'{text(source)} (through the {tie.describe()}, of its ancestor'
-            f' {text(tie.target)})')
+      return f'{tie.text(source)} (the {tie.describe()})'
+    return (f'{tie.text(source)} (through the {tie.describe()}, of its'
+            f' ancestor {tie.text(tie.target)})')
   return TieError(
-      f'{text(target)} is given two sources: {how(*first)} and'
+      f'{first[1].text(target)} is given two sources: {how(*first)} and'
       f' {how(*second)}. A target has one source, whatever the order in which'
       ' the ties are written or declared.\n\nOptions:\n'
       '  1. Keep one of the two ties.\n'
@@ -159,9 +175,9 @@ def two_sources(target: Path, first, second) -> TieError:
 
 def ancestor(tie, inner: Path, outer: Path) -> TieError:
   return TieError(
-      f'The {tie.describe()}: {text(inner)} lies inside {text(outer)}. A'
-      ' module cannot share the variables of its own ancestor or descendant;'
-      ' tie two sibling paths instead.')
+      f'The {tie.describe()}: {tie.text(inner)} lies inside'
+      f' {tie.text(outer)}. A module cannot share the variables of its own'
+      ' ancestor or descendant; tie two sibling paths instead.')
 
 
 # ---------------------------------------------------------------------------
@@ -274,7 +290,7 @@ def collection_unknown(tie, col: str, given, hint: str) -> TieError:
 def unlike(tie, col: str, existing: str, value: str) -> TieError:
   return tie_error(
       f'Shape or dtype mismatch in the {tie.describe(col)}: the source'
-      f' {text(tie.source)} has {existing}, but {text(tie.target)} has'
+      f' {tie.text(tie.source)} has {existing}, but {tie.text(tie.target)} has'
       f' {value}. Tied paths must hold variables of the same shape and dtype.',
       'Tie paths that hold variables of the same shape and dtype.',
       'Use a view_fn (e.g. jnp.transpose) for a derived shape.')

@@ -47,7 +47,12 @@ Path = tuple[str, ...]
 
 @dataclasses.dataclass(frozen=True)
 class Tie:
-  """One tie, as declared (paths are absolute). Immutable."""
+  """One tie, as declared (paths are absolute). Immutable.
+
+  Linen's ties (``sep='/'``) tie modules or variables in ``collections``;
+  NNX's (``sep='.'``, ``collections=None``) tie one Variable to another,
+  paths from the tied module, written as NNX writes attribute paths.
+  """
 
   target: Path
   source: Path
@@ -57,20 +62,26 @@ class Tie:
   # In a normal form: the tie as declared that this one resolves (or is
   # implied by), which :func:`compose` composes again with other ties.
   raw: Tie | None = dataclasses.field(default=None, repr=False)
+  sep: str = '/'  # how the user writes its paths: '/' (Linen) or '.' (NNX)
+
+  def text(self, path: Path) -> str:
+    return text(path, self.sep)
 
   def applies_to(self, col: str) -> bool:
     return in_filter(self.collections, col)
 
   def describe(self, col: str | None = None) -> str:
     viewed = ' (viewed)' if self.view is not None else ''
+    tie = f'tie {self.text(self.target)} -> {self.text(self.source)}{viewed}'
+    if self.collections is None:  # NNX: a Variable's type is its collection
+      return tie
     names = named_collections(self.collections)
     cols = (f'in collection {col!r}' if col is not None else
             f'for collection {names[0]!r}' if len(names) == 1 else
             f'for collections {", ".join(map(repr, names))}' if names else
             'for all collections' if self.collections is True else
             f'for collections {self.collections!r}')
-    return (f'tie {text(self.target)} -> {text(self.source)}{viewed} {cols},'
-            f' declared at {text(self.declared_at)}')
+    return f'{tie} {cols}, declared at {text(self.declared_at)}'
 
 
 def in_filter(f, col: str) -> bool:
@@ -87,14 +98,24 @@ def is_within(path: Path, prefix: Path) -> bool:
   return path[: len(prefix)] == prefix
 
 
-def _parse_path(path: Any, decl: Path, what: str) -> Path:
-  if not isinstance(path, str):
-    raise tie_errors.path_not_a_str(what, decl, path)
-  out = [] if path.startswith('/') else list(decl)
-  for part in path.split('/'):
+def _parse_path(path: Any, decl: Path, what: str, sep: str = '/') -> Path:
+  """``path`` as an absolute path.
+
+  Linen's (``sep='/'``) is relative to ``decl``; NNX's (``sep='.'``,
+  ``'head.kernel'`` or ``('layers', 0, 'kernel')``) starts at the tied module.
+  """
+  if isinstance(path, str):
+    parts = path.split(sep)
+  elif sep != '/' and isinstance(path, tuple) and all(
+      isinstance(p, (str, int)) for p in path):
+    parts = [str(p) for p in path]
+  else:
+    raise tie_errors.path_not_a_str(what, decl, path, sep)
+  out = [] if isinstance(path, str) and path.startswith('/') else list(decl)
+  for part in parts:
     if part == '..':
       if not out:
-        raise tie_errors.above_root(what, path, decl)
+        raise tie_errors.above_root(what, path, decl, sep)
       out.pop()
     elif part not in ('', '.'):
       out.append(part)
@@ -102,8 +123,11 @@ def _parse_path(path: Any, decl: Path, what: str) -> Path:
 
 
 def normalize(ties: Mapping[str, Any], collections: Any,
-              declared_at: Path) -> tuple[Tie, ...]:
+              declared_at: Path, sep: str = '/') -> tuple[Tie, ...]:
   """Resolves user-written ties declared at ``declared_at`` to :class:`Tie`s.
+
+  ``sep`` is how the paths are written: ``'/'`` in Linen, ``'.'`` in NNX
+  (with ``collections=None``).
 
   The paths become absolute, then the mapping is put in normal form
   (:func:`compose`): chains (``a -> b``, ``b -> c``) resolve to their end
@@ -113,7 +137,7 @@ def normalize(ties: Mapping[str, Any], collections: Any,
   if not isinstance(ties, Mapping):
     raise tie_errors.not_a_mapping(ties)
   key = (tuple(ties.items()), tuple(collections) if isinstance(
-      collections, list) else collections, tuple(declared_at))
+      collections, list) else collections, tuple(declared_at), sep)
   try:
     return _normalized(*key)
   except TypeError:  # an unhashable spec or filter: not memoized
@@ -121,7 +145,8 @@ def normalize(ties: Mapping[str, Any], collections: Any,
 
 
 @functools.lru_cache(maxsize=1024)
-def _normalized(items, collections, declared_at: Path) -> tuple[Tie, ...]:
+def _normalized(items, collections, declared_at: Path,
+                sep: str) -> tuple[Tie, ...]:
   """:func:`normalize` of ``ties.items()``; the same ties give the same records.
 
   Memoized: a module declares its ties each time it is bound (every ``init``,
@@ -133,20 +158,21 @@ def _normalized(items, collections, declared_at: Path) -> tuple[Tie, ...]:
   raw: dict[Path, tuple[Path, Any, str]] = {}
   for target_text, spec in items:
     view = None
-    if isinstance(spec, tuple):
-      if len(spec) != 2 or not callable(spec[1]):
-        raise tie_errors.bad_source_spec(target_text, declared_at, spec)
+    if isinstance(spec, tuple) and len(spec) == 2 and callable(spec[1]):
       spec, view = spec
-    target = _parse_path(target_text, declared_at, 'target')
-    source = _parse_path(spec, declared_at, 'source')
+    elif isinstance(spec, tuple) and sep == '/':  # (NNX: a path of keys)
+      raise tie_errors.bad_source_spec(target_text, declared_at, spec)
+    target = _parse_path(target_text, declared_at, 'target', sep)
+    source = _parse_path(spec, declared_at, 'source', sep)
     if target in raw and raw[target][:2] != (source, view):
       raise tie_errors.spelled_twice(raw[target][2], target_text, declared_at,
-                                     target, raw[target], (source, view))
+                                     target, raw[target], (source, view), sep)
     if target == source:
-      raise tie_errors.self_tie(target_text, spec, declared_at, target)
+      raise tie_errors.self_tie(target_text, spec, declared_at, target, sep)
     raw[target] = (source, view, target_text)
-  return compose(tuple(Tie(target, source, col_filter, view, tuple(declared_at))
-                       for target, (source, view, _) in raw.items()))
+  return compose(tuple(
+      Tie(target, source, col_filter, view, tuple(declared_at), sep=sep)
+      for target, (source, view, _) in raw.items()))
 
 
 def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
