@@ -38,6 +38,7 @@ from flax_tieext.core.tie_spec import is_within, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
     BROADCAST,
     CLOSE_OVER,
+    MET_INSIDE,
     LIFT,
     LIFT_CACHED,
     LIFT_FLAG,
@@ -47,7 +48,9 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
     in_force,
     lift_record as _lift,
     locate,
+    pack_frame,
     reach,
+    site,
     tie_at,
     visible_collections,
 )
@@ -57,13 +60,15 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
 
 
 def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
-                   inside=None):
+                   inside=None, met=()):
   """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
 
   For a target inside ``scopes`` whose source lies outside all of them, as
   the transform declares (``tie_sources``): the source's scope (a
   variable's module) with its variables, or with its rngs only, or nothing.
-  A source seen here only as a closed-over value is lifted as one, read-only.
+  A source seen here only as a closed-over value is lifted as one, read-only,
+  as is the source of a tie declared inside the transform (``met``: it reads
+  its source as a closed-over value wherever it was declared).
   A source not stored yet is not lifted: the target initializes its own copy,
   and the transform sees exactly what it sees without the tie.
   """
@@ -93,10 +98,11 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       values, crossed = reach(scope, path)
       if crossing.maps:
         extra.append((_detached(source, {}), source, True, None))
-      elif crossed:  # only a closed-over value here: lift it as one
+      elif crossed or (tie, col) in met:  # a closed-over value: lift it as one
         extra.append((_detached(source, {
             c: values._collection(c) for c in visible_collections(scope)
-            if tie.applies_to(c)}), source, False, crossed[0]))
+            if tie.applies_to(c)}), source, False, crossed[0] if crossed else
+                      _Lift(source, (), name, False, False, False, None)))
       else:
         extra.append((source, source, False, None))
   return extra
@@ -184,7 +190,7 @@ def _borrowed(scope) -> set[str]:
   return found
 
 
-def _link(outer_scopes, inner_scopes, name, tie_sources, kinds):
+def _link(outer_scopes, inner_scopes, name, tie_sources, kinds, at=None):
   """Records on each inner root what it stands for (``ties.LIFT_FLAG``)."""
   siblings = tuple(inner_scopes)
   crossing = tie_sources or TieSources()
@@ -194,7 +200,7 @@ def _link(outer_scopes, inner_scopes, name, tie_sources, kinds):
     closure = closure or (lift.closure if lift else None)
     inner.flags = freeze({**outer.flags, LIFT_FLAG: _Lift(
         outer, siblings, name, crossing.maps, crossing.caches_trace,
-        rngs_only, closure)})
+        rngs_only, closure, at)})
     if closure:
       inner.mutable = False
 
@@ -219,13 +225,18 @@ class Packed:
   transform's sight.
   """
 
-  def __init__(self, scopes, treedef, name, tie_sources):
+  def __init__(self, scopes, treedef, name, tie_sources, at=None, met=None):
     self.treedef = treedef
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):
         scope._collection(col)
-    inside = [_ties_inside(s) for s in scopes]
-    self.extra = extra = lifted_sources(scopes, name, tie_sources, inside)
+    # Ties met inside at an earlier trace count as ties in force here.
+    met_here = met.ties.get(at[1], {}) if met else {}
+    inside = [_ties_inside(s) + [(t, c) for t, c in met_here
+                                 if is_within(t.target, s.path)]
+              for s in scopes]
+    self.extra = extra = lifted_sources(scopes, name, tie_sources, inside,
+                                        met_here)
     lifted = scopes + [real for _, real, only, _ in extra if not only]
     self.packed = [without_borrowed(s, lifted, ties)
                    for s, ties in zip(scopes, inside)]
@@ -235,10 +246,11 @@ class Packed:
     self.name, self.tie_sources = name, tie_sources
     # A transform that reuses its trace keys it on the variables' tree: the
     # ties inside, views included, are part of what the trace computes.
-    self.key = tuple(
+    self.key = (met and met.generation, *(
         tuple((tie.target[len(s.path):], col, tie.view) for tie, col in ties)
         for s, ties in zip(scopes, inside)
-    ) if tie_sources is not None and tie_sources.caches_trace else None
+    )) if tie_sources is not None and tie_sources.caches_trace else None
+    self.site = at
 
   def keyed(self, variable_groups):
     """``variable_groups``, keyed by the ties inside where the trace is reused."""
@@ -261,7 +273,7 @@ class Packed:
       if isinstance(variable_groups, _Keyed):
         variable_groups = variable_groups.groups
       inner = scope_fn(variable_groups, *args, **kwargs)
-      _link(reals, inner, self.name, self.tie_sources, self.kinds)
+      _link(reals, inner, self.name, self.tie_sources, self.kinds, self.site)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = dict(start)
@@ -304,11 +316,19 @@ class _Keyed:
 def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
   """What ``lift._partial_pack`` packs for ties crossing it, or None.
 
-  None where no scope of ``scope_tree`` has ties in force: Flax's own packing,
-  and nothing of ties in its inner scopes (a tie declared inside the
-  transform finds the outer scope when it first looks, ``ties.lift_record``).
+  None where no scope of ``scope_tree`` has ties in force, and no earlier
+  trace of a transform that reuses it met a tie declared inside
+  (``ties.MET_INSIDE``): Flax's own packing, and nothing of ties in its
+  inner scopes (a tie declared inside the transform finds the outer scope
+  when it first looks, ``ties.lift_record``).
   """
   scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
-  if not any(TIES_FLAG in s.flags for s in scopes):
+  at = met = None
+  if tie_sources is not None and tie_sources.caches_trace and (
+      MET_INSIDE or any(TIES_FLAG in s.flags for s in scopes)):
+    here = pack_frame(lambda here: here.get('scope_tree') is scope_tree)
+    at = here and site(here)
+    met = at and MET_INSIDE.get(at[0])
+  if met is None and not any(TIES_FLAG in s.flags for s in scopes):
     return None
-  return Packed(scopes, treedef, name, tie_sources)
+  return Packed(scopes, treedef, name, tie_sources, at, met)

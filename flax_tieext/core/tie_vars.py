@@ -16,7 +16,7 @@
 
 A tie of one variable (``"head/kernel"``) leaves the module its own
 collection, in which that one name reads and writes the source variable
-(``flax.core.ties.TiedNames``, which ``Scope._collection`` gives under
+(``ties.TiedNames``, which ``Scope._collection`` gives under
 ties). ``Scope.variables()`` copies a scope's own dicts; it passes them to
 :func:`tied_variables`, which shows the tied names in them too, as their
 views give them.

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
+import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -119,6 +120,7 @@ class Lift:
   caches_trace: bool  # the transform reuses its trace (see TieSources)
   rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
   closure: Any  # the Lift of the transform whose closed-over values it holds
+  site: Any = None  # a transform reusing its trace: (packed fn, outer paths)
 
 
 def in_force(scope) -> InForce | None:
@@ -205,6 +207,49 @@ def _pack_frames():
 _PACK_CODES: set = set()
 
 
+def pack_frame(match=lambda here: True):
+  """The locals of the innermost ``pack`` call on the stack that ``match``es."""
+  codes = _pack_frames()
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code in codes and match(frame.f_locals):
+      return frame.f_locals
+    frame = frame.f_back
+  return None
+
+
+def site(here) -> tuple:
+  """Where a ``pack`` call is: its function and the paths it packs."""
+  scopes = jax.tree_util.tree_leaves(here.get('scope_tree'))
+  return here.get('fn'), tuple(s.path for s in scopes)
+
+
+class MetInside:
+  """Ties declared inside one transform that reuses its trace (``nn.jit``).
+
+  Their source lies outside it. Met while tracing (at ``init``, or a first
+  ``apply``), they are lifted by every later ``pack`` of the transform
+  (``tie_lift.packed``), so the trace takes the source as an input, as for a
+  tie declared outside. The trace that met one read the source as a
+  closed-over value: ``generation`` counts the ties met, and keys every later
+  trace of the transform, so that none reuses such a trace.
+  """
+
+  def __init__(self):
+    self.ties: dict[tuple, dict] = {}  # by the paths packed: {(tie, col): None}
+    self.generation = 0
+
+  def add(self, paths: tuple, tie: Tie, col: str):
+    met = self.ties.setdefault(paths, {})
+    if (tie, col) not in met:
+      met[tie, col] = None
+      self.generation += 1
+
+
+# By the function the transform's ``pack`` wraps; kept with the function.
+MET_INSIDE: MutableMapping = weakref.WeakKeyDictionary()
+
+
 def _packed_from(root) -> Lift | None:
   """What an inner root that ``pack`` recorded nothing on stands for.
 
@@ -214,23 +259,27 @@ def _packed_from(root) -> Lift | None:
   function while ``pack`` runs, so the ``pack`` call that made ``root`` is on
   the stack, with the scope ``root`` was made from (the same path, the same
   rng counters). The source outside is then a closed-over value, as for a
-  transform that does not lift it (``tie_lift.CLOSE_OVER``): read-only,
-  current at every trace, and refused where the transform reuses its trace.
+  transform that does not lift it (``tie_lift.CLOSE_OVER``): read-only and
+  current at every trace; where the transform reuses its trace, that trace
+  is its first, and the pack is remembered (:class:`MetInside`).
   """
-  codes = _pack_frames()
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    if frame.f_code in codes:
-      here = frame.f_locals
-      for outer in jax.tree_util.tree_leaves(here.get('scope_tree')):
-        if (getattr(outer, 'rng_counters', None) is root.rng_counters
-            and outer.path == root.path and outer.root is not root):
-          name = here.get('name') or 'transform'
-          sources = BY_PACK_NAME.get(name, LIFT_CACHED)  # unknown: refused
-          return Lift(outer, (root,), name, sources.maps,
-                      sources.caches_trace, False, None)
-    frame = frame.f_back
-  return None
+
+  def made_root(here):
+    return any(getattr(outer, 'rng_counters', None) is root.rng_counters
+               and outer.path == root.path and outer.root is not root
+               for outer in jax.tree_util.tree_leaves(here.get('scope_tree')))
+
+  here = pack_frame(made_root)
+  if here is None:
+    return None
+  outer = next(o for o in jax.tree_util.tree_leaves(here['scope_tree'])
+               if o.path == root.path)
+  name = here.get('name') or 'transform'
+  sources = BY_PACK_NAME.get(name)
+  return Lift(outer, (root,), name, sources is not None and sources.maps,
+              sources is None or sources.caches_trace, False, None,
+              site(here) if sources is not None and sources.caches_trace
+              else None)
 
 
 def locate(scope, path: Path, rngs: bool = False):
@@ -410,11 +459,18 @@ def declared_inside(tie: Tie, col: str, crossed):
   closed-over value (the transform did not lift it: the tie was not in force
   when it packed its scopes), current wherever the transform traces at every
   call. A transform that reuses its trace (``nn.jit``) would keep a stale
-  copy: there it is refused.
+  copy: the first trace that meets the tie remembers its pack (``site``), and
+  every later one lifts the source (:class:`MetInside`). A transform that
+  declares nothing is refused.
   """
   for lift in crossed:
     if lift.caches_trace and tie_at(lift.outer, tie.target, col) is None:
-      return lift
+      if lift.site is None:
+        return lift
+      fn, paths = lift.site
+      if fn not in MET_INSIDE:
+        MET_INSIDE[fn] = MetInside()
+      MET_INSIDE[fn].add(paths, tie, col)
   return None
 
 

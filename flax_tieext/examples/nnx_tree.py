@@ -28,7 +28,7 @@ same stored variables:
 :func:`train_step_stats` compiles one Adam train step of a model, jitted as
 a function of its split state, and reports XLA's cost and memory analysis
 and how often the step was traced. ``benchmarks/test_nnx_tree_tie.py``
-and ``tests/test_nnx_tree_tie_cost.py`` compare the two spellings with it.
+and ``tests/test_nnx_tree_tie.py`` compare the two spellings with it.
 """
 
 from __future__ import annotations

@@ -96,28 +96,31 @@ class InnerBlock(nn.Module):
 
 
 class InnerBlocks(nn.Module):
-  """``blocks`` blocks, ``nn.remat`` applied in the loop as the README does."""
+  """``blocks`` blocks, ``nn.remat`` (or ``nn.jit``) applied in the loop as the README does."""
 
   blocks: int
   shared: bool = False
+  jit: bool = False
 
   @nn.compact
   def __call__(self, x):
     attn = Attention(name='attn') if self.shared else None
+    wrap = nn.jit if self.jit else nn.remat
     for i in range(self.blocks):
-      x = nn.remat(InnerBlock)(i, attn, name=f'block_{i}')(x)
+      x = wrap(InnerBlock)(i, attn, name=f'block_{i}')(x)
     return x
 
 
-def model(blocks: int, kind: Kind, inner: bool = False) -> nn.Module:
+def model(blocks: int, kind: Kind, inner: bool = False,
+          jit: bool = False) -> nn.Module:
   """Every block tied to ``block_0`` (``tied``), or one shared block.
 
   With ``inner``, the original pattern: each block ties its attention mask
-  to block 0's (a tie declared inside the rematted block), against one
-  attention instance passed into every block.
+  to block 0's (a tie declared inside the rematted block, or the jitted one
+  with ``jit``), against one attention instance passed into every block.
   """
   if inner:
-    return InnerBlocks(blocks, shared=kind == 'shared')
+    return InnerBlocks(blocks, shared=kind == 'shared', jit=jit)
   if kind == 'shared':
     return Blocks(blocks, shared=True)
   tied = nn.tie(Blocks, {f'block_{i}': 'block_0' for i in range(1, blocks)})
