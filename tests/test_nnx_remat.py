@@ -32,6 +32,7 @@ import pytest
 
 import flax_tieext
 from flax_tieext import _compat
+from static_models import shown
 
 try:
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -208,11 +209,6 @@ def test_uninstall_gives_back_flax_nnx_remat():
 # -- errors: what the Linen transforms say, in nnx.remat's terms --------------
 
 
-def _full_message(e):
-  """What a user sees: the message and any notes."""
-  return '\n'.join([str(e.value), *getattr(e.value, '__notes__', ())])
-
-
 def test_misspelled_name_is_refused_at_the_call_with_the_parameter_it_meant():
   # As jax.checkpoint's own checks: at the call, not when wrapping (a
   # library may define remat variants it never calls).
@@ -247,7 +243,7 @@ def test_array_for_a_static_argument_fails_as_in_flax_and_is_named():
   with pytest.raises(ValueError) as e:
     rematted(MLP(nnx.Rngs(0)), X, flag)
   assert str(e.value).split('\n')[0] == str(plain.value).split('\n')[0]
-  message = _full_message(e)
+  message = shown(e.value)
   assert '`deterministic` of forward(' in message
   assert 'array of shape (2,)' in message
 

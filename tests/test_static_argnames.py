@@ -35,26 +35,13 @@ import numpy as np
 import pytest
 
 from flax_tieext import lift as ext_lift
-from flax_tieext import linen as ext_nn
+from static_models import ENTRIES as LINEN_ENTRY_POINTS
+from static_models import MLP  # the field report's model
+from tie_models import assert_trees_close  # remat may round differently
 
-# (entry point, index of the first argument after self in static_argnums)
-LINEN_ENTRY_POINTS = [
-    pytest.param(lambda: ext_nn.checkpoint, 1, id='nn.checkpoint'),
-    pytest.param(lambda: ext_nn.partitioning.remat, 0, id='nn.partitioning.remat'),
-]
-LIFT_ENTRY_POINTS = [pytest.param(lambda: ext_lift.checkpoint, id='lift.checkpoint')]
+LIFT_ENTRY_POINTS = [pytest.param(ext_lift.checkpoint, id='lift.checkpoint')]
 
 REMAT_PRIMITIVES = {'checkpoint', 'remat', 'remat2'}
-
-
-class MLP(nn.Module):
-  """The field report's model: a flag that nn.Dropout branches on."""
-
-  @nn.compact
-  def __call__(self, x, deterministic=False):
-    x = nn.Dense(4)(x)
-    return nn.Dropout(0.5, deterministic=deterministic)(x)
-
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 RNGS = {'dropout': jax.random.key(7)}
@@ -62,13 +49,6 @@ RNGS = {'dropout': jax.random.key(7)}
 
 def _variables():
   return MLP().init(jax.random.key(0), X, True)
-
-
-def _assert_close(a, b):
-  # Rematerialized gradients may differ from stored ones by float rounding.
-  jax.tree_util.tree_map(
-      lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b
-  )
 
 
 def _eqns(jaxpr):
@@ -128,14 +108,14 @@ def test_flag_is_static_however_passed(entry, first_index, spec, style):
   # Field failure: static_argnums=2 worked positionally only; names did not
   # exist. (A negative index keeps Flax's meaning: tests/test_differential.py.)
   variables = _variables()
-  remat_mlp = entry()(MLP, **_static_spec(spec, first_index))
+  remat_mlp = entry(MLP, **_static_spec(spec, first_index))
   expected = _call(MLP(), variables, style)
   np.testing.assert_array_equal(_call(remat_mlp(), variables, style), expected)
 
 
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_init_with_static_flag_matches_plain_init(entry, first_index):
-  remat_mlp = entry()(MLP, static_argnames='deterministic')
+  remat_mlp = entry(MLP, static_argnames='deterministic')
   got = remat_mlp().init(jax.random.key(0), X, deterministic=True)
   expected = MLP().init(jax.random.key(0), X, deterministic=True)
   jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
@@ -144,14 +124,14 @@ def test_init_with_static_flag_matches_plain_init(entry, first_index):
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_gradients_match_plain_and_are_rematerialized(entry, first_index):
   variables = _variables()
-  remat_mlp = entry()(MLP, static_argnames='deterministic')
+  remat_mlp = entry(MLP, static_argnames='deterministic')
 
   def loss(module):
     return lambda v: (module.apply(v, X, rngs=RNGS) ** 2).sum()
 
   expected = jax.grad(loss(MLP()))(variables)
   got = jax.grad(loss(remat_mlp()))(variables)
-  _assert_close(got, expected)
+  assert_trees_close(got, expected)
   jaxpr = jax.make_jaxpr(jax.grad(loss(remat_mlp())))(variables)
   assert _primitives(jaxpr) & REMAT_PRIMITIVES
 
@@ -159,11 +139,11 @@ def test_gradients_match_plain_and_are_rematerialized(entry, first_index):
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_static_flag_under_jit(entry, first_index):
   variables = _variables()
-  remat_mlp = entry()(MLP, static_argnames='deterministic')
+  remat_mlp = entry(MLP, static_argnames='deterministic')
   apply = jax.jit(remat_mlp().apply, static_argnames='deterministic')
   expected = MLP().apply(variables, X, deterministic=False, rngs=RNGS)
   got = apply(variables, X, deterministic=False, rngs=RNGS)
-  _assert_close(got, expected)
+  assert_trees_close(got, expected)
 
 
 def _decorated(decorator):
@@ -184,7 +164,7 @@ def _decorated(decorator):
 def test_decorator_factory_above_compact(entry, first_index, spec, style):
   # Field failure: @nn.checkpoint(static_argnums=1) was a TypeError (target
   # missing).
-  decorated = _decorated(entry()(**_static_spec(spec, first_index)))
+  decorated = _decorated(entry(**_static_spec(spec, first_index)))
   variables = _variables()
   expected = _call(MLP(), variables, style)
   np.testing.assert_array_equal(_call(decorated(), variables, style), expected)
@@ -192,7 +172,7 @@ def test_decorator_factory_above_compact(entry, first_index, spec, style):
 
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_functools_partial_of_the_transform(entry, first_index):
-  remat = functools.partial(entry(), static_argnames='deterministic')
+  remat = functools.partial(entry, static_argnames='deterministic')
   variables = _variables()
   for wrapped in (remat(MLP), _decorated(remat)):
     for style in STYLES:
@@ -211,7 +191,7 @@ def test_partially_applied_module_class(entry, first_index):
       return MLP()(x, deterministic) * self.scale
 
   plain = functools.partial(Scaled, scale=3.0)
-  remat = entry()(plain, static_argnames='deterministic')
+  remat = entry(plain, static_argnames='deterministic')
   variables = plain().init(jax.random.key(0), X, True)
   np.testing.assert_array_equal(
       remat().apply(variables, X, rngs=RNGS),
@@ -237,7 +217,7 @@ class TwoMethods(nn.Module):
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_methods_list_resolves_each_signature(entry, first_index):
   # deterministic exists only in __call__, mode only in encode.
-  remat = entry()(
+  remat = entry(
       TwoMethods,
       static_argnames=('deterministic', 'mode'),
       methods=['__call__', 'encode'],
@@ -260,7 +240,7 @@ def test_methods_list_resolves_each_signature(entry, first_index):
 
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_methods_dict_gives_each_method_its_arguments(entry, first_index):
-  remat = entry()(
+  remat = entry(
       TwoMethods,
       methods={
           '__call__': {'static_argnames': 'deterministic'},
@@ -289,7 +269,7 @@ class KeywordOnly(nn.Module):
 
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_keyword_only_parameters_can_be_static(entry, first_index):
-  remat = entry()(KeywordOnly, static_argnames=('deterministic', 'activation'))
+  remat = entry(KeywordOnly, static_argnames=('deterministic', 'activation'))
   variables = KeywordOnly().init(jax.random.key(0), X, deterministic=True)
   for kwargs in (
       {},
@@ -314,7 +294,7 @@ class Scaled(nn.Module):
 def test_keyword_arguments_reach_the_method(entry, first_index):
   # Field failure: nn.partitioning.remat dropped keyword arguments with a
   # RuntimeWarning (setup.cfg turns warnings into errors).
-  remat = entry()(Scaled)
+  remat = entry(Scaled)
   variables = Scaled().init(jax.random.key(0), X)
   with warnings.catch_warnings():
     warnings.simplefilter('error')
@@ -347,7 +327,7 @@ def test_unhashable_static_value_follows_jax_checkpoint(entry, first_index, args
   # Field failure: static_argnames='sizes' failed with "received a value of
   # type list" on the default, which works without static_argnames. Now
   # static values are what jax.checkpoint takes; a default is never passed.
-  remat = entry()(Sized, static_argnames='sizes')
+  remat = entry(Sized, static_argnames='sizes')
   variables = Sized().init(jax.random.key(0), X, *args)
   try:
     if args:  # a default is not handed to jax.checkpoint
@@ -363,7 +343,7 @@ def test_unhashable_static_value_follows_jax_checkpoint(entry, first_index, args
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_policy_and_prevent_cse_pass_through(entry, first_index):
   policy = jax.checkpoint_policies.everything_saveable
-  remat = entry()(
+  remat = entry(
       MLP, static_argnames='deterministic', policy=policy, prevent_cse=False
   )
   variables = _variables()
@@ -375,7 +355,7 @@ def test_policy_and_prevent_cse_pass_through(entry, first_index):
 
 @pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
 def test_concrete_true_raises_as_upstream(entry, first_index):
-  remat = entry()(MLP, concrete=True)
+  remat = entry(MLP, concrete=True)
   with pytest.raises(NotImplementedError, match='concrete'):
     remat().init(jax.random.key(0), X, True)
 
@@ -409,7 +389,7 @@ LIFT_CALLS = [
 )
 @pytest.mark.parametrize('entry', LIFT_ENTRY_POINTS)
 def test_lift_checkpoint_static_however_passed(entry, static, args, kwargs):
-  rematted = entry()(dense, **static)
+  rematted = entry(dense, **static)
   key = jax.random.key(0)
   y, variables = flax.core.init(rematted)(key, *args, **kwargs)
   y_ref, variables_ref = flax.core.init(dense)(key, *args, **kwargs)
@@ -420,7 +400,7 @@ def test_lift_checkpoint_static_however_passed(entry, static, args, kwargs):
     return lambda v: flax.core.apply(fn)(v, *args, **kwargs).sum()
 
   grads = jax.grad(loss(rematted))(variables)
-  _assert_close(grads, jax.grad(loss(dense))(variables))
+  assert_trees_close(grads, jax.grad(loss(dense))(variables))
   assert _primitives(jax.make_jaxpr(jax.grad(loss(rematted)))(variables)) & (
       REMAT_PRIMITIVES
   )
@@ -428,7 +408,7 @@ def test_lift_checkpoint_static_however_passed(entry, static, args, kwargs):
 
 @pytest.mark.parametrize('entry', LIFT_ENTRY_POINTS)
 def test_lift_checkpoint_decorator_factory(entry):
-  rematted = entry()(static_argnames='activation')(dense)
+  rematted = entry(static_argnames='activation')(dense)
   y, _ = flax.core.init(rematted)(jax.random.key(0), X, activation='tanh')
   y_ref, _ = flax.core.init(dense)(jax.random.key(0), X, activation='tanh')
   np.testing.assert_array_equal(y, y_ref)

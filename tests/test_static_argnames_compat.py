@@ -24,6 +24,7 @@ variable trees (whose auto-generated names come from the transform's name).
 
 import flax
 import flax.linen as nn
+import flax.linen.partitioning  # pylint: disable=unused-import
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +33,8 @@ import pytest
 import flax_tieext
 from flax_tieext import lift as ext_lift
 from flax_tieext import linen as ext_nn
+from static_models import MLP
+from tie_models import assert_trees_close, assert_trees_equal
 
 needs_patch = pytest.mark.needs_patch
 
@@ -48,18 +51,6 @@ def _with_upstream_flax(fn):
     return fn()
   finally:
     flax_tieext.install()
-
-
-def _assert_close(a, b):
-  # Rematerialized gradients may differ from stored ones by float rounding.
-  jax.tree_util.tree_map(
-      lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b
-  )
-
-
-def _assert_trees_equal(a, b):
-  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
 
 
 # -- HF transformers: partitioning.remat counting without self ------------------
@@ -115,7 +106,7 @@ def test_hf_partitioning_remat_matches_plain_layers(deterministic, output_attent
   variables = HFEncoder(False).init(jax.random.key(0), X, MASK)
   expected = _run_encoder(HFEncoder(False), variables, deterministic, output_attentions)
   got = _run_encoder(HFEncoder(True), variables, deterministic, output_attentions)
-  _assert_close(got, expected)
+  assert_trees_close(got, expected)
 
 
 @needs_patch
@@ -127,7 +118,7 @@ def test_hf_partitioning_remat_matches_upstream_including_names():
     variables = encoder.init(jax.random.key(0), X, MASK)
     return variables, _run_encoder(encoder, variables, False, True)
 
-  _assert_trees_equal(run(), _with_upstream_flax(run))
+  assert_trees_equal(run(), _with_upstream_flax(run))
 
 
 # -- recurrentgemma: nn.remat counting with self --------------------------------
@@ -171,7 +162,7 @@ def _run_griffin(model, variables, return_cache):
 @pytest.mark.parametrize('return_cache', [True, False])
 def test_recurrentgemma_remat_matches_plain_blocks(return_cache):
   variables = Griffin(False).init(jax.random.key(0), X)
-  _assert_close(
+  assert_trees_close(
       _run_griffin(Griffin(True), variables, return_cache),
       _run_griffin(Griffin(False), variables, return_cache),
   )
@@ -184,18 +175,10 @@ def test_recurrentgemma_remat_matches_upstream_including_names():
     variables = model.init(jax.random.key(0), X, False)
     return variables, _run_griffin(model, variables, False)
 
-  _assert_trees_equal(run(), _with_upstream_flax(run))
+  assert_trees_equal(run(), _with_upstream_flax(run))
 
 
 # -- positional static_argnums in both numberings, and no static arguments ----
-
-
-class MLP(nn.Module):
-
-  @nn.compact
-  def __call__(self, x, deterministic=False):
-    x = nn.Dense(4)(x)
-    return nn.Dropout(0.5, deterministic=deterministic)(x)
 
 
 class Plain(nn.Module):
@@ -246,7 +229,7 @@ def test_upstream_calls_match_upstream(case):
         jax.grad(loss)(variables),
     )
 
-  _assert_trees_equal(run(), _with_upstream_flax(run))
+  assert_trees_equal(run(), _with_upstream_flax(run))
 
 
 def test_no_static_arguments_matches_plain():
@@ -275,7 +258,7 @@ def test_lift_positional_static_argnums_matches_upstream():
         lambda v: flax.core.apply(rematted)(v, X, 'tanh').sum())(variables)
     return y, variables, grads
 
-  _assert_trees_equal(run(), _with_upstream_flax(run))
+  assert_trees_equal(run(), _with_upstream_flax(run))
 
 
 # -- scan over remat (openpi's layout), with the index fixed and by name -------
@@ -329,7 +312,7 @@ def test_scan_over_remat_matches_plain_scan(block, deterministic):
     (_, y), grads = jax.value_and_grad(loss, has_aux=True)(variables)
     return y, grads
 
-  _assert_close(run(Stack(block())), run(Stack(Block)))
+  assert_trees_close(run(Stack(block())), run(Stack(Block)))
 
 
 def test_lift_without_static_arguments_passes_keywords_like_upstream():

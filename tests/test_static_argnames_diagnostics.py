@@ -20,6 +20,7 @@ upstream, and these messages stay in the plugin
 (``flax_tieext/_static_args_diagnostics.py``).
 """
 
+import itertools
 import re
 
 from absl.testing import parameterized
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import flax_tieext  # noqa: F401  (installs the features into Flax)
+import static_models
 
 
 class LiftCheckpointDiagnosticsTest(parameterized.TestCase):
@@ -83,7 +85,7 @@ class LiftCheckpointDiagnosticsTest(parameterized.TestCase):
     self.assertEqual(str(e.exception).split('\n')[0],
                      str(plain.exception).split('\n')[0])
     self.assertRegex(
-        '\n'.join([str(e.exception), *getattr(e.exception, '__notes__', ())]),
+        static_models.shown(e.exception),
         '`activation`.* received an array')
 
   def test_traced_python_flag_gets_a_note(self):
@@ -97,11 +99,8 @@ class LiftCheckpointDiagnosticsTest(parameterized.TestCase):
 
 class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
 
-  class MLP(nn.Module):
-
-    @nn.compact
-    def __call__(self, x, deterministic=False):
-      return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
+  MLP = static_models.MLP
+  Star = static_models.Star
 
   class Configured(nn.Module):
     # pylint: disable=dangerous-default-value
@@ -122,13 +121,6 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
         x = x * mask
       return nn.Dropout(0.5, deterministic=deterministic)(x)
 
-  class Star(nn.Module):
-
-    @nn.compact
-    def __call__(self, x, *args, **kwargs):
-      (train,) = args
-      return nn.Dropout(0.5, deterministic=not train)(nn.Dense(4)(x))
-
   class TwoMethods(nn.Module):
 
     @nn.compact
@@ -147,9 +139,10 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
   )
 
   @staticmethod
-  def message(error):
-    """What the user sees: the message and the notes added to it."""
-    return '\n'.join([str(error), *getattr(error, '__notes__', ())])
+  def init_error(error_type, module, *args, **kwargs):
+    """What is shown of the ``error_type`` that ``module().init`` raises."""
+    return static_models.raised(error_type, module().init, random.key(0),
+                                jnp.ones((2, 3)), *args, **kwargs)
 
   def assert_matches_plain(self, module, rematted, *args, **kwargs):
     """``rematted`` initializes and applies as ``module`` does."""
@@ -179,10 +172,8 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
     # `x` static is accepted; the flag it displaced is traced and fails in
     # JAX, whose error gets the note.
     rematted = remat(self.MLP, static_argnums=first_index)
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      rematted().init(random.key(0), jnp.ones((2, 3)), True)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(jax.errors.ConcretizationTypeError, rematted, True),
         f'`x` of .* is static(.|\n)*static_argnums={first_index + 1}'
         "(.|\n)*static_argnames='deterministic'")
 
@@ -192,23 +183,40 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
     variables = rematted().init(random.key(0), x, True)
     step = jax.jit(lambda v, x, deterministic: rematted().apply(
         v, x, deterministic))
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      step(variables, x, True)
     self.assertRegex(
-        self.message(e.exception),
+        static_models.raised(jax.errors.ConcretizationTypeError, step,
+                             variables, x, True),
         "jax.jit\\(train_step, static_argnames='deterministic'\\)")
 
-  @parameterized.named_parameters(*ENTRY_POINTS)
-  def test_unknown_name_lists_what_can_be_static(self, remat, name, first):
-    del first
+  # (test name, module, static_argnames, methods, the message after
+  # "<entry point>: static_argnames contains ")
+  REFUSED_NAMES = (
+      ('unknown_name_lists_what_can_be_static', 'Configured', 'mdoe', None,
+       r"'mdoe', which is not a parameter of \S*Configured\.__call__\(self, x,"
+       r" layers=\[4\], train=False, \*, mode='relu'\)\.\n"
+       r"Did you mean static_argnames='mode'\?\n"
+       r'The parameters that can be static are: x, layers, train, mode\.$'),
+      ('self_cannot_be_named', 'MLP', 'self', None,
+       r"'self', the first parameter of \S*MLP\.__call__\(self, x,"
+       r' deterministic=False\)\. The transform passes it on by itself; it'
+       r' cannot be static\. Remove it from static_argnames\.$'),
+      ('name_in_no_wrapped_method_lists_them_all', 'TwoMethods', 'mdoe',
+       ['__call__', 'encode'],
+       r"'mdoe', which is not a parameter of any of the wrapped methods:\n"
+       r'  \S*TwoMethods\.__call__\(self, x, deterministic=False\)\n'
+       r"  \S*TwoMethods\.encode\(self, x, \*, mode='relu'\)\n"
+       r"Did you mean static_argnames='mode'\?\n"
+       r'The parameters that can be static are: x, deterministic, mode\.$'),
+  )
+
+  @parameterized.named_parameters(
+      (f'{case[0]}_{entry[0]}', *entry[1:3], *case[1:])
+      for case, entry in itertools.product(REFUSED_NAMES, ENTRY_POINTS))
+  def test_refused_name(self, remat, name, module, names, methods, message):
     with self.assertRaisesRegex(
-        ValueError,
-        f"^{name}: static_argnames contains 'mdoe', which is not a parameter"
-        r' of \S*Configured\.__call__\(self, x, layers=\[4\], train=False, \*,'
-        r" mode='relu'\)\.\nDid you mean static_argnames='mode'\?\n"
-        r'The parameters that can be static are: x, layers, train, mode\.$'):
-      remat(self.Configured, static_argnames='mdoe')().init(
-          random.key(0), jnp.ones((2, 3)))
+        ValueError, f'^{name}: static_argnames contains {message}'):
+      remat(getattr(self, module), static_argnames=names, methods=methods)(
+          ).init(random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_out_of_range_index_numbers_the_signature(self, remat, name, first):
@@ -247,25 +255,11 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
     self.assert_matches_plain(self.MLP, rematted)
     # ... and the flag meant to be static is traced, as in Flax; JAX's error
     # says to name it.
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      rematted().init(random.key(0), jnp.ones((2, 3)), True)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(jax.errors.ConcretizationTypeError, rematted, True),
         f'{name}: static_argnums={re.escape(repr(index))} names no parameter'
         ' here(.|\n)*'
         "Flax's own meaning(.|\n)*static_argnames='<name>'")
-
-  @parameterized.named_parameters(*ENTRY_POINTS)
-  def test_self_cannot_be_named(self, remat, name, first):
-    del first
-    with self.assertRaisesRegex(
-        ValueError,
-        f"^{name}: static_argnames contains 'self', the first parameter of"
-        r' \S*MLP\.__call__\(self, x, deterministic=False\)\. The transform'
-        ' passes it on by itself; it cannot be static. Remove it from'
-        ' static_argnames.$'):
-      remat(self.MLP, static_argnames='self')().init(
-          random.key(0), jnp.ones((2, 3)))
 
   @parameterized.named_parameters(
       ('args', 'args', r'the \*args parameter(.|\n)*or use static_argnums'),
@@ -289,10 +283,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
         f' static_argnums={index}\\.\n{name}'):
       remat(self.Star, static_argnames='*args[0]')().init(
           random.key(0), jnp.ones((2, 3)), False)
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      remat(self.Star)().init(random.key(0), jnp.ones((2, 3)), False)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(
+            jax.errors.ConcretizationTypeError, remat(self.Star), False),
         r'the Python value \*args\[0\]=False, but `\*args\[0\]` is not'
         f'(.|\n)*make it static: static_argnums={index}\\.')
     self.assert_matches_plain(
@@ -322,7 +315,7 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
       remat(self.MLP, static_argnums='deterministic')().init(
           random.key(0), x)
     self.assertRegex(
-        self.message(e.exception),
+        static_models.shown(e.exception),
         f'\n{name}: static_argnums must be an int or a sequence of ints, got'
         " 'deterministic'. To make arguments static by name, use"
         ' static_argnames.$')
@@ -358,11 +351,8 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
 
       return Model
 
-    x = jnp.ones((2, 3))
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      model(first)().init(random.key(0), x, True)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(jax.errors.ConcretizationTypeError, model(first), True),
         f'(?m)^{name}: `x` of Model\\.__call__.* is static \\(static_argnums'
         f' index {first}\\), but it received an array of shape(.|\n)*'
         f'  {first} +x    \\(<- static_argnums index {first}\\)\n'
@@ -370,31 +360,14 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
         f' {name} that is static_argnums={first + 1}\\.')
     self.assert_matches_plain(self.MLP, model(first + 1), True)
 
-  @parameterized.named_parameters(*ENTRY_POINTS)
-  def test_name_in_no_wrapped_method_lists_them_all(self, remat, name, first):
-    del first
-    with self.assertRaisesRegex(
-        ValueError,
-        f"^{name}: static_argnames contains 'mdoe', which is not a parameter"
-        ' of any of the wrapped methods:\n'
-        r'  \S*TwoMethods\.__call__\(self, x, deterministic=False\)\n'
-        r"  \S*TwoMethods\.encode\(self, x, \*, mode='relu'\)\n"
-        r"Did you mean static_argnames='mode'\?\n"
-        r'The parameters that can be static are: x, deterministic, mode\.$'):
-      remat(self.TwoMethods, static_argnames='mdoe',
-            methods=['__call__', 'encode'])().init(
-                random.key(0), jnp.ones((2, 3)))
-
   def test_methods_dict_numbers_without_self(self):
     # As upstream, the arguments of each method in a dict do not count self.
     def rematted(index):
       return nn.remat(
           self.TwoMethods, methods={'__call__': {'static_argnums': index}})
 
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      rematted(0)().init(random.key(0), jnp.ones((2, 3)), True)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(jax.errors.ConcretizationTypeError, rematted(0), True),
         r"(?m)^nn\.checkpoint \(nn\.remat\) methods\['__call__'\]: `x` of"
         r' \S*TwoMethods\.__call__(.|\n)*does not count `self`(.|\n)*'
         r'Did you mean `deterministic`\? In the numbering of'
@@ -411,10 +384,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
       self.assert_matches_plain(
           self.Masked, remat(self.Masked, static_argnames='masks'), masks)
       # ... and named in the note when the traced flag beside it fails.
-      with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-        remat(self.Masked, static_argnames='masks')().init(
-            random.key(0), jnp.ones((2, 3)), masks, True)
-      message = self.message(e.exception)
+      message = self.init_error(jax.errors.ConcretizationTypeError,
+                                remat(self.Masked, static_argnames='masks'),
+                                masks, True)
       self.assertRegex(
           message,
           f'(?m)^{name}: `masks` of \\S*Masked\\.__call__\\(self, x,'
@@ -448,10 +420,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
       self.assert_matches_plain(self.MLP, rematted, flag)
       # ... and named, with the Python value to pass, when a traced flag
       # beside it fails.
-      with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-        gated().init(random.key(0), jnp.ones((2, 3)), flag, True)
       self.assertRegex(
-          self.message(e.exception),
+          self.init_error(
+              jax.errors.ConcretizationTypeError, gated, flag, True),
           f'(?m)^{name}: `deterministic` of \\S*Gated\\.__call__.* is static'
           r' \(static_argnames\), but it received an array of shape \(\) and'
           r' dtype bool(.|\n)*Pass a Python value \(`deterministic=True`,'
@@ -466,7 +437,7 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
       remat(self.Configured, static_argnames='layers')().init(
           random.key(0), jnp.ones((2, 3)), mode='tanh')
     self.assertRegex(
-        self.message(e.exception),
+        static_models.shown(e.exception),
         f'(?m)^{name}: `mode` of \\S*Configured\\.__call__\\(.*\\) received a'
         ' str, which JAX cannot trace. Make it static:'
         " static_argnames='mode'.$")
@@ -479,11 +450,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
   def test_traced_flag_note_keeps_the_error_type(self, remat, name, first):
     del first
     for args, kwargs in (((True,), {}), ((), {'deterministic': True})):
-      with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-        remat(self.MLP)().init(random.key(0), jnp.ones((2, 3)), *args,
-                               **kwargs)
       self.assertRegex(
-          self.message(e.exception),
+          self.init_error(jax.errors.ConcretizationTypeError, remat(self.MLP),
+                          *args, **kwargs),
           f'{name}: \\S*MLP\\.__call__ was called with the Python value'
           ' deterministic=True, but `deterministic` is not static, so it was'
           ' traced like an array.(.|\n)* make it static:'
@@ -504,10 +473,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
   @parameterized.named_parameters(*ENTRY_POINTS)
   def test_traced_count_note(self, remat, name, first):
     del first
-    with self.assertRaises(jax.errors.TracerIntegerConversionError) as e:
-      remat(self.Repeated)().init(random.key(0), jnp.ones((2, 3)), 2)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(
+            jax.errors.TracerIntegerConversionError, remat(self.Repeated), 2),
         f'{name}: \\S*Repeated\\.__call__ was called with the Python value'
         ' num_layers=2, but `num_layers` is not static(.|\n)*'
         " static_argnames='num_layers'")
@@ -519,11 +487,10 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
   def test_traced_flag_note_counts_as_the_entry_point(self, remat, name, first):
     # `layers` is static by index, `train` after it is not.
     layers = first + 1
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      remat(self.Configured, static_argnums=layers)().init(
-          random.key(0), jnp.ones((2, 3)), [4], True)
     self.assertRegex(
-        self.message(e.exception),
+        self.init_error(jax.errors.ConcretizationTypeError,
+                        remat(self.Configured, static_argnums=layers), [4],
+                        True),
         f"static_argnames='train'.(.|\n)* Currently static: `layers`"
         f' \\(static_argnums index {layers}\\). In the numbering of {name},'
         f' `train` is static_argnums={layers + 1}\\.')
@@ -551,10 +518,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
     def train_step(variables, x, deterministic):
       return rematted().apply(variables, x, deterministic)
 
-    with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      jax.jit(train_step)(variables, x, True)
     self.assertRegex(
-        self.message(e.exception),
+        static_models.raised(jax.errors.ConcretizationTypeError,
+                             jax.jit(train_step), variables, x, True),
         f'(?m)^{name}: `deterministic` of \\S*MLP\\.__call__.* is static'
         f' \\(static_argnums index {first + 1}\\), but it received an array'
         r' of shape \(\)(.|\n)*'

@@ -24,6 +24,7 @@ import numpy as np
 
 from flax_tieext import _compat  # importing flax_tieext installs the features
 import pytest
+import static_models
 
 nnx = pytest.importorskip('flax.nnx', reason='flax.nnx does not import here',
                           exc_type=ImportError)
@@ -56,10 +57,7 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
     y = m(x, deterministic=deterministic)
     return jax.nn.relu(y) if mode == 'relu' else jnp.tanh(y)
 
-  @staticmethod
-  def message(error):
-    """What the user sees: the message and the notes added to it."""
-    return '\n'.join([str(error), *getattr(error, '__notes__', ())])
+  message = staticmethod(static_models.shown)
 
   def assert_matches_plain(self, rematted, *args, **kwargs):
     """``rematted(m, x, ...)`` computes and differentiates as ``forward``."""

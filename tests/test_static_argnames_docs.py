@@ -28,26 +28,16 @@ import warnings
 import flax.linen as nn
 import flax.linen.partitioning  # pylint: disable=unused-import
 import jax
-import jax.numpy as jnp
 import pytest
 
 import flax_tieext
 from flax_tieext import linen as ext_nn
+from static_models import MLP, X, Configured
 
 DOC = pathlib.Path(__file__).parents[1] / 'docs' / 'static_arguments.md'
 SECTION = '## Why upstream Flax needs this'
 
 
-class MLP(nn.Module):
-  """The MLP of the docs' short answer."""
-
-  @nn.compact
-  def __call__(self, x, deterministic=False):
-    x = nn.Dense(4)(x)
-    return nn.Dropout(0.5, deterministic=deterministic)(x)
-
-
-X = jnp.ones((2, 3))
 RNGS = {'dropout': jax.random.key(1)}
 
 
@@ -137,15 +127,6 @@ def test_row_is_what_upstream_flax_does(upstream_flax, call, result):
 
 
 # -- Errors and how to fix them ------------------------------------------------
-
-
-class Configured(nn.Module):
-
-  @nn.compact
-  def __call__(self, x, layers=(4,), mode='relu'):
-    for width in layers:
-      x = nn.Dense(width)(x)
-    return jax.nn.relu(x) if mode == 'relu' else x
 
 
 def _outer_jit():

@@ -30,30 +30,12 @@ import pytest
 from flax_tieext import lift as ext_lift
 from flax_tieext import linen as ext_nn
 from flax_tieext._static_args_diagnostics import DiagnosedStaticArgs
+from static_models import ENTRIES, MLP, X, Configured, Star, raised
+from tie_models import assert_message_names
 
-# The two Linen functions (nn.remat is nn.checkpoint; with the patch installed
-# Flax's names are these objects, see tests/test_patch.py).
-COUNTS_SELF = [pytest.param(lambda: ext_nn.checkpoint, id='nn.checkpoint')]
-SKIPS_SELF = [
-    pytest.param(lambda: ext_nn.partitioning.remat, id='nn.partitioning.remat'),
-]
-
-
-class MLP(nn.Module):
-
-  @nn.compact
-  def __call__(self, x, deterministic=False):
-    x = nn.Dense(4)(x)
-    return nn.Dropout(0.5, deterministic=deterministic)(x)
-
-
-X = jnp.ones((2, 3))
-
-
-def _message(excinfo):
-  """The full text a user sees: message and any notes."""
-  e = excinfo.value
-  return '\n'.join([str(e), *getattr(e, '__notes__', ())])
+# The entry points by how they count: with `self` as 0, or from after it.
+COUNTS_SELF = [pytest.param(ext_nn.checkpoint, id='nn.checkpoint')]
+SKIPS_SELF = [pytest.param(ext_nn.partitioning.remat, id='nn.partitioning.remat')]
 
 
 def _assert_numbered(message, rows):
@@ -68,20 +50,18 @@ def _assert_numbered(message, rows):
 # indices when it wraps); the first call raises, naming the parameter.
 
 
-def _init(remat, *args):
-  return remat().init(jax.random.key(0), X, *args)
+def _init(remat, *args, **kwargs):
+  return remat().init(jax.random.key(0), X, *args, **kwargs)
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_unknown_name_lists_parameters_and_nearest_match(entry):
-  remat = entry()(MLP, static_argnames='determinstic')  # wrapping works
-  with pytest.raises(ValueError) as excinfo:
-    _init(remat)
-  message = _message(excinfo)
-  assert "'determinstic'" in message
-  assert 'MLP.__call__(self, x, deterministic=False)' in message
-  assert "Did you mean static_argnames='deterministic'?" in message
-  assert 'x, deterministic' in message
+  remat = entry(MLP, static_argnames='determinstic')  # wrapping works
+  message = raised(ValueError, _init, remat)
+  assert_message_names(message, "'determinstic'",
+                       'MLP.__call__(self, x, deterministic=False)',
+                       "Did you mean static_argnames='deterministic'?",
+                       'x, deterministic')
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
@@ -89,7 +69,7 @@ def test_unknown_name_in_decorator_form_fails_at_the_first_call(entry):
 
   class Decorated(nn.Module):  # defining the class works, as on plain Flax
 
-    @entry()(static_argnames='determinstc')
+    @entry(static_argnames='determinstc')
     @nn.compact
     def __call__(self, x, deterministic=False):
       return x
@@ -98,31 +78,19 @@ def test_unknown_name_in_decorator_form_fails_at_the_first_call(entry):
     Decorated().init(jax.random.key(0), X)
 
 
-@pytest.mark.parametrize('entry', COUNTS_SELF)
-def test_index_out_of_range_shows_numbering_with_self(entry):
-  remat = entry()(MLP, static_argnums=3)
-  with pytest.raises(ValueError) as excinfo:
-    _init(remat)
-  message = _message(excinfo)
-  assert 'index 3 is out of range' in message
-  assert 'counts `self` as 0' in message
-  _assert_numbered(
-      message, [('0', 'self'), ('1', 'x'), ('2', 'deterministic=False')]
-  )
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_index_out_of_range_shows_the_entry_points_numbering(entry, first_index):
+  index = first_index + 2  # one past `deterministic`
+  message = raised(ValueError, _init, entry(MLP, static_argnums=index))
+  assert f'index {index} is out of range' in message
+  if first_index:
+    assert 'nn.checkpoint (nn.remat) counts `self` as 0' in message
+  else:
+    assert 'nn.partitioning.remat does not count `self`' in message
+  _assert_numbered(message, [('0' if first_index else '-', 'self'),
+                             (f'{first_index}', 'x'),
+                             (f'{first_index + 1}', 'deterministic=False')])
   assert "static_argnames='deterministic'" in message
-
-
-@pytest.mark.parametrize('entry', SKIPS_SELF)
-def test_index_out_of_range_shows_numbering_without_self(entry):
-  remat = entry()(MLP, static_argnums=2)
-  with pytest.raises(ValueError) as excinfo:
-    _init(remat)
-  message = _message(excinfo)
-  assert 'nn.partitioning.remat' in message
-  assert 'does not count `self`' in message
-  _assert_numbered(
-      message, [('-', 'self'), ('0', 'x'), ('1', 'deterministic=False')]
-  )
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF)
@@ -130,14 +98,14 @@ def test_index_of_self_makes_nothing_static_as_in_flax(entry):
   # nn.remat counts `self` as 0; Flax accepts static_argnums=0 (the module is
   # passed on by the transform anyway), and so do we: the same results.
   variables = nn.Dense(4).init(jax.random.key(0), X)
-  remat = entry()(nn.Dense, static_argnums=0)
+  remat = entry(nn.Dense, static_argnums=0)
   assert jnp.array_equal(remat(4).apply(variables, X),
                          nn.Dense(4).apply(variables, X))
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_self_cannot_be_named(entry):
-  remat = entry()(MLP, static_argnames='self')
+  remat = entry(MLP, static_argnames='self')
   with pytest.raises(ValueError, match="contains 'self'"):
     _init(remat)
 
@@ -153,7 +121,7 @@ def test_static_argnums_of_wrong_type(entry):
     # (a str fails there), the rest fails at the first call; the message (or
     # its note) says what was expected.
     with pytest.raises(TypeError, match=error):
-      _init(entry()(MLP, **kwargs))
+      _init(entry(MLP, **kwargs))
 
 
 class TwoMethods(nn.Module):
@@ -168,9 +136,9 @@ class TwoMethods(nn.Module):
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_methods_list_name_must_exist_in_some_method(entry):
-  remat = entry()(TwoMethods, static_argnames='mode', methods=['__call__', 'encode'])
+  remat = entry(TwoMethods, static_argnames='mode', methods=['__call__', 'encode'])
   remat().init(jax.random.key(0), X)  # `mode` is a parameter of encode
-  remat = entry()(TwoMethods, static_argnames='mdoe', methods=['__call__', 'encode'])
+  remat = entry(TwoMethods, static_argnames='mdoe', methods=['__call__', 'encode'])
   for _ in range(2):  # at every call, never ignored after the first
     with pytest.raises(ValueError, match="Did you mean static_argnames='mode'"):
       remat().init(jax.random.key(0), X)
@@ -181,12 +149,10 @@ def test_lift_unknown_name_lists_parameters():
     return x
 
   rematted = ext_lift.checkpoint(fn, static_argnames='trian')
-  with pytest.raises(ValueError) as excinfo:
-    flax.core.init(rematted)(jax.random.key(0), X)
-  message = _message(excinfo)
-  assert 'lift.checkpoint' in message
-  assert "Did you mean static_argnames='train'?" in message
-  assert 'x, train' in message
+  message = raised(ValueError, flax.core.init(rematted), jax.random.key(0), X)
+  assert_message_names(message, 'lift.checkpoint',
+                       "Did you mean static_argnames='train'?",
+                       'x, train')
 
 
 def test_lift_index_out_of_range_counts_from_after_scope():
@@ -194,28 +160,25 @@ def test_lift_index_out_of_range_counts_from_after_scope():
     return x
 
   rematted = ext_lift.checkpoint(fn, static_argnums=2)
-  with pytest.raises(ValueError) as excinfo:
-    flax.core.init(rematted)(jax.random.key(0), X)
-  message = _message(excinfo)
+  message = raised(ValueError, flax.core.init(rematted), jax.random.key(0), X)
   assert 'does not count `scope`' in message
   _assert_numbered(message, [('0', 'x'), ('1', 'train=False')])
 
 
 @pytest.mark.parametrize('entry, index, deterministic', [
-    pytest.param(lambda: ext_nn.checkpoint, -3, '2', id='nn.checkpoint-3'),
-    pytest.param(lambda: ext_nn.checkpoint, 0, '2', id='nn.checkpoint0'),
-    pytest.param(lambda: ext_nn.partitioning.remat, -3, '1',
+    pytest.param(ext_nn.checkpoint, -3, '2', id='nn.checkpoint-3'),
+    pytest.param(ext_nn.checkpoint, 0, '2', id='nn.checkpoint0'),
+    pytest.param(ext_nn.partitioning.remat, -3, '1',
                  id='nn.partitioning.remat-3'),
 ])
 def test_index_of_self_with_names_raises(entry, index, deterministic):
   # With static_argnames (ours: plain Flax has none), an index is resolved
   # through the signature; one that lands on `self` made nothing static.
-  remat = entry()(MLP, static_argnums=index, static_argnames='deterministic')
-  with pytest.raises(ValueError) as excinfo:
-    _init(remat, True)
-  message = _message(excinfo)
-  assert f'static_argnums index {index} is `self` of MLP.__call__' in message
-  assert 'it cannot be static' in message
+  remat = entry(MLP, static_argnums=index, static_argnames='deterministic')
+  message = raised(ValueError, _init, remat, True)
+  assert_message_names(
+      message, f'static_argnums index {index} is `self` of MLP.__call__',
+      'it cannot be static')
   _assert_numbered(message, [(deterministic, '-1  deterministic=False')])
   assert "static_argnames='" in message
 
@@ -224,10 +187,8 @@ def test_index_of_self_with_names_raises(entry, index, deterministic):
 def test_negative_index_without_names_keeps_flax_meaning_and_says_it(entry):
   # Plain Flax's nn.partitioning.remat ignores a negative index (it matches
   # no argument): the same error as there, whose note says so.
-  remat = entry()(MLP, static_argnums=(-1,))
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    _init(remat, True)
-  message = _message(excinfo)
+  remat = entry(MLP, static_argnums=(-1,))
+  message = raised(jax.errors.ConcretizationTypeError, _init, remat, True)
   assert 'ignores an index that matches no argument' in message
   assert 'jax.checkpoint counts it' not in message
 
@@ -237,11 +198,11 @@ def test_lift_index_of_scope_with_names_raises():
     return x if flag else -x
 
   rematted = ext_lift.checkpoint(fn, static_argnums=-3, static_argnames='x')
-  with pytest.raises(ValueError) as excinfo:
-    flax.core.init(rematted)(jax.random.key(0), X, True)
-  message = _message(excinfo)
-  assert 'static_argnums index -3 is `scope` of fn(scope, x, flag)' in message
-  assert 'it cannot be static' in message
+  message = raised(ValueError, flax.core.init(rematted), jax.random.key(0), X,
+                   True)
+  assert_message_names(
+      message, 'static_argnums index -3 is `scope` of fn(scope, x, flag)',
+      'it cannot be static')
   _assert_numbered(message, [('-', 'scope    (cannot be static)'),
                              ('1', '-1  flag')])
 
@@ -249,33 +210,19 @@ def test_lift_index_of_scope_with_names_raises():
 # -- at call time --------------------------------------------------------------
 
 
-@pytest.mark.parametrize('entry', COUNTS_SELF)
-def test_off_by_one_index_names_hit_and_meant_parameters(entry):
+@pytest.mark.parametrize('entry, first_index', ENTRIES)
+def test_off_by_one_index_names_hit_and_meant_parameters(entry, first_index):
   # Field failure: static_argnums=1 with nn.remat makes `x` static (self is
-  # 0) and then fails with TracerBoolConversionError on `deterministic`.
-  remat = entry()(MLP, static_argnums=1)
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    remat().init(jax.random.key(0), X, True)
-  message = _message(excinfo)
-  assert '`x` of MLP.__call__(self, x, deterministic=False) is static' in message
-  assert 'array of shape (2, 3)' in message
-  assert 'Did you mean `deterministic`?' in message
-  assert 'static_argnums=2' in message
-  assert "static_argnames='deterministic'" in message
-  _assert_numbered(message, [('1', 'x    (<- static_argnums index 1)')])
-
-
-@pytest.mark.parametrize('entry', SKIPS_SELF)
-def test_off_by_one_in_partitioning_numbering(entry):
-  # Counting self in nn.partitioning.remat: 1 means deterministic there, so
-  # the classic mistake is 0.
-  remat = entry()(MLP, static_argnums=0)
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    remat().init(jax.random.key(0), X, True)
-  message = _message(excinfo)
-  assert '`x` of MLP.__call__' in message
-  assert 'Did you mean `deterministic`?' in message
-  assert 'static_argnums=1' in message
+  # 0) and then fails with TracerBoolConversionError on `deterministic`. In
+  # nn.partitioning.remat, which does not count self, the mistake is 0.
+  remat = entry(MLP, static_argnums=first_index)
+  message = raised(jax.errors.ConcretizationTypeError, _init, remat, True)
+  assert_message_names(
+      message, '`x` of MLP.__call__(self, x, deterministic=False) is static',
+      'array of shape (2, 3)', 'Did you mean `deterministic`?',
+      f'static_argnums={first_index + 1}', "static_argnames='deterministic'")
+  _assert_numbered(
+      message, [(f'{first_index}', f'x    (<- static_argnums index {first_index})')])
 
 
 class Block(nn.Module):
@@ -292,13 +239,12 @@ class Block(nn.Module):
 
 def test_openpi_off_by_one_with_array_names_both_parameters():
   remat = ext_nn.remat(Block, static_argnums=(5,))
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    remat().init(jax.random.key(0), X[:, :2].repeat(2, 1), None, None, None,
-                 jnp.ones((2, 4)), True)
-  message = _message(excinfo)
-  assert '`adarms_cond`' in message
-  assert 'Did you mean `deterministic`?' in message
-  assert 'static_argnums=6' in message
+  message = raised(jax.errors.ConcretizationTypeError, remat().init,
+                   jax.random.key(0), X[:, :2].repeat(2, 1), None, None, None,
+                   jnp.ones((2, 4)), True)
+  assert_message_names(message, '`adarms_cond`',
+                       'Did you mean `deterministic`?',
+                       'static_argnums=6')
 
 
 def test_openpi_off_by_one_with_none_explains_traced_flag():
@@ -306,13 +252,12 @@ def test_openpi_off_by_one_with_none_explains_traced_flag():
   # and JAX's error gets a note naming it and its index.
   remat = ext_nn.remat(Block, static_argnums=(5,))
   xs = jnp.ones((2, 4))
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    remat().init(jax.random.key(0), xs, None, None, None, None, True)
-  message = _message(excinfo)
-  assert 'deterministic=True' in message
-  assert "static_argnames='deterministic'" in message
-  assert '`adarms_cond` (static_argnums index 5)' in message
-  assert '`deterministic` is static_argnums=6' in message
+  message = raised(jax.errors.ConcretizationTypeError, remat().init,
+                   jax.random.key(0), xs, None, None, None, None, True)
+  assert_message_names(message, 'deterministic=True',
+                       "static_argnames='deterministic'",
+                       '`adarms_cond` (static_argnums index 5)',
+                       '`deterministic` is static_argnums=6')
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
@@ -320,35 +265,22 @@ def test_traced_python_bool_keeps_jax_error_type_and_names_parameter(entry):
   # Without static arguments this is upstream's error (TracerBoolConversionError
   # on recent JAX, its base ConcretizationTypeError on older releases); it now
   # also says which argument and how to fix it.
-  remat = entry()(MLP)
+  remat = entry(MLP)
   for call in (
       lambda: remat().init(jax.random.key(0), X, True),
       lambda: remat().init(jax.random.key(0), X, deterministic=True),
   ):
-    with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-      call()
-    message = _message(excinfo)
-    assert 'deterministic=True' in message
-    assert "static_argnames='deterministic'" in message
-
-
-class Configured(nn.Module):
-
-  @nn.compact
-  def __call__(self, x, layers=(4,), mode='relu'):
-    for width in layers:
-      x = nn.Dense(width)(x)
-    return jax.nn.relu(x) if mode == 'relu' else x
+    message = raised(jax.errors.ConcretizationTypeError, call)
+    assert_message_names(message, 'deterministic=True',
+                         "static_argnames='deterministic'")
 
 
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_str_to_traced_argument_names_it(entry):
-  remat = entry()(Configured, static_argnames='layers')
-  with pytest.raises(TypeError) as excinfo:
-    remat().init(jax.random.key(0), X, mode='linear')
-  message = _message(excinfo)
-  assert '`mode`' in message
-  assert "static_argnames='mode'" in message
+  remat = entry(Configured, static_argnames='layers')
+  message = raised(TypeError, _init, remat, mode='linear')
+  assert_message_names(message, '`mode`',
+                       "static_argnames='mode'")
 
 
 def test_lift_array_in_static_slot_is_accepted_and_named_when_a_flag_fails():
@@ -365,12 +297,11 @@ def test_lift_array_in_static_slot_is_accepted_and_named_when_a_flag_fails():
     return x * 2 if train else x
 
   rematted = ext_lift.checkpoint(fn, static_argnums=0)
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    flax.core.init(rematted)(jax.random.key(0), X, True)
-  message = _message(excinfo)
-  assert '`x` of fn(scope, x, train=False) is static' in message
-  assert 'Did you mean `train`?' in message
-  assert 'static_argnums=1' in message
+  message = raised(jax.errors.ConcretizationTypeError, flax.core.init(rematted),
+                   jax.random.key(0), X, True)
+  assert_message_names(message, '`x` of fn(scope, x, train=False) is static',
+                       'Did you mean `train`?',
+                       'static_argnums=1')
 
 
 def test_star_args_index_past_the_call_is_out_of_range():
@@ -406,40 +337,24 @@ class Masked(nn.Module):
 @pytest.mark.parametrize('entry', COUNTS_SELF + SKIPS_SELF)
 def test_named_static_array_works_as_in_flax_and_is_named_when_it_fails(entry):
   # A static array is accepted (Flax's remat accepts it too) ...
-  remat = entry()(Masked, static_argnames='mask')
+  remat = entry(Masked, static_argnames='mask')
   rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
   variables = remat().init(rngs, X, X)
   dropout = {'dropout': jax.random.key(2)}
   assert jnp.array_equal(remat().apply(variables, X, X, rngs=dropout),
                          Masked().apply(variables, X, X, rngs=dropout))
   # ... and named in the note when the traced flag beside it fails.
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    remat().init(rngs, X, X, True)
-  message = _message(excinfo)
-  assert '`mask` of Masked.__call__' in message
-  assert 'Remove `mask` from static_argnames' in message
-  assert "static_argnames='deterministic'" in message
+  message = raised(jax.errors.ConcretizationTypeError, remat().init, rngs, X, X,
+                   True)
+  assert_message_names(message, '`mask` of Masked.__call__',
+                       'Remove `mask` from static_argnames',
+                       "static_argnames='deterministic'")
 
 
 # -- following the advice works ------------------------------------------------
 # Each message above tells the user what to write. Here every suggestion a
 # message makes is applied as written, and the result must then compute what
 # the plain, unrematted module computes.
-
-ENTRIES = [  # (entry point, index of the first argument after self)
-    pytest.param(ext_nn.checkpoint, 1, id='nn.checkpoint'),
-    pytest.param(ext_nn.partitioning.remat, 0, id='nn.partitioning.remat'),
-]
-
-
-class StarFlag(nn.Module):
-  """A flag reaching the method through *args, next to **kwargs."""
-
-  @nn.compact
-  def __call__(self, x, *args, **kwargs):
-    (train,) = args
-    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(4)(x))
-
 
 def _suggestions(message):
   """Every `static_argnames=...` / `static_argnums=...` the message suggests."""
@@ -469,8 +384,8 @@ ADVICE_CASES = [
     ('off-by-one index', MLP, lambda i: {'static_argnums': i}, (True,), {}),
     ('traced python flag', MLP, lambda i: {}, (), {'deterministic': True}),
     ('named array', Masked, lambda i: {'static_argnames': 'mask'}, (X, True), {}),
-    ('traced flag in *args', StarFlag, lambda i: {}, (False,), {}),
-    ("'*args[0]' as a name", StarFlag,
+    ('traced flag in *args', Star, lambda i: {}, (False,), {}),
+    ("'*args[0]' as a name", Star,
      lambda i: {'static_argnames': '*args[0]'}, (False,), {}),
 ]
 
@@ -481,18 +396,16 @@ ADVICE_CASES = [
     [pytest.param(*case[1:], id=case[0]) for case in ADVICE_CASES],
 )
 def test_every_suggested_fix_works(entry, first_index, module, wrong, args, kwargs):
-  with pytest.raises((ValueError, TypeError)) as excinfo:
-    entry(module, **wrong(first_index))().init(jax.random.key(0), X, *args, **kwargs)
-  for fix in _suggestions(_message(excinfo)):
+  message = raised((ValueError, TypeError), _init, entry(module, **wrong(first_index)),
+                   *args, **kwargs)
+  for fix in _suggestions(message):
     _assert_matches_plain(module, entry(module, **fix), args, kwargs)
 
 
 @pytest.mark.parametrize('entry, first_index', ENTRIES)
 def test_str_in_traced_argument_fix_works_next_to_existing_names(entry, first_index):
   remat = entry(Configured, static_argnames='layers')
-  with pytest.raises(TypeError) as excinfo:
-    remat().init(jax.random.key(0), X, mode='linear')
-  (fix,) = _suggestions(_message(excinfo))
+  (fix,) = _suggestions(raised(TypeError, _init, remat, mode='linear'))
   fixed = entry(Configured, static_argnames=('layers', fix['static_argnames']))
   _assert_matches_plain(Configured, fixed, (), {'mode': 'linear'})
 
@@ -507,9 +420,9 @@ def test_scalar_array_in_static_slot_fix_pass_python_value_works(entry, first_in
   _assert_matches_plain(MLP, remat, (True,), {})
   # ... and when it fails (traced by a jit around it), the note says to pass
   # a Python value.
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    jax.jit(lambda v, d: remat().apply(v, X, d))(variables, jnp.array(True))
-  assert '`deterministic=True`' in _message(excinfo)
+  assert '`deterministic=True`' in raised(
+      jax.errors.ConcretizationTypeError,
+      jax.jit(lambda v, d: remat().apply(v, X, d)), variables, jnp.array(True))
 
 
 @pytest.mark.parametrize('entry, first_index', ENTRIES)
@@ -520,11 +433,11 @@ def test_flag_traced_by_outer_jit_names_the_outer_jit(entry, first_index):
   def train_step(variables, x, deterministic):
     return remat().apply(variables, x, deterministic)
 
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    jax.jit(train_step)(variables, X, True)
-  message = _message(excinfo)
-  assert "jax.jit(train_step, static_argnames='deterministic')" in message
-  assert '`deterministic=True`' in message
+  message = raised(jax.errors.ConcretizationTypeError, jax.jit(train_step),
+                   variables, X, True)
+  assert_message_names(
+      message, "jax.jit(train_step, static_argnames='deterministic')",
+      '`deterministic=True`')
   reference = MLP().apply(variables, X, True)
   # Followed at the outer jit, by name or by position ...
   for outer in (
@@ -550,12 +463,10 @@ def test_compact_above_checkpoint_fails_as_upstream_and_swapped_works(
     def __call__(self, x, deterministic=False):
       return nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(4)(x))
 
-  with pytest.raises(flax.errors.AssignSubModuleError) as excinfo:
-    CompactAbove().init(jax.random.key(0), X, True)
+  message = raised(flax.errors.AssignSubModuleError, _init, CompactAbove, True)
   # ... with a note that says to swap the decorators.
-  message = _message(excinfo)
-  assert 'decorated with @nn.compact above' in message
-  assert 'swap the two decorators' in message
+  assert_message_names(message, 'decorated with @nn.compact above',
+                       'swap the two decorators')
 
   class Swapped(nn.Module):  # the documented order
 
@@ -575,9 +486,9 @@ def test_lift_star_args_note_suggests_an_index_that_works():
     (train,) = args
     return x * 2 if train else x
 
-  with pytest.raises(jax.errors.ConcretizationTypeError) as excinfo:
-    flax.core.init(ext_lift.checkpoint(fn))(jax.random.key(0), X, True)
-  (fix,) = _suggestions(_message(excinfo))
+  (fix,) = _suggestions(raised(jax.errors.ConcretizationTypeError,
+                               flax.core.init(ext_lift.checkpoint(fn)),
+                               jax.random.key(0), X, True))
   assert fix == {'static_argnums': 1}
   y, _ = flax.core.init(ext_lift.checkpoint(fn, **fix))(jax.random.key(0), X, True)
   assert jnp.array_equal(y, X * 2)

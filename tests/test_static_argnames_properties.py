@@ -34,7 +34,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from flax_tieext import lift as ext_lift
-from flax_tieext import linen as ext_nn
+from static_models import ENTRIES
+from tie_models import assert_trees_close
 
 EXAMPLES = settings(max_examples=25, deadline=None, derandomize=True)
 
@@ -180,12 +181,6 @@ def _arrays(case):
   return arrays
 
 
-def _assert_close(a, b):
-  jax.tree_util.tree_map(
-      lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b
-  )
-
-
 @EXAMPLES
 @given(case=cases())
 def test_lift_checkpoint_equals_plain_call(case):
@@ -196,7 +191,7 @@ def test_lift_checkpoint_equals_plain_call(case):
   y_ref, variables = flax.core.init(fn)(jax.random.key(0), *args, **kwargs)
   y, variables_remat = flax.core.init(rematted)(jax.random.key(0), *args, **kwargs)
   np.testing.assert_array_equal(y, y_ref)
-  _assert_close(variables_remat, variables)
+  assert_trees_close(variables_remat, variables)
 
   def loss(f):
     def run(v, arrays):
@@ -204,16 +199,10 @@ def test_lift_checkpoint_equals_plain_call(case):
       return (flax.core.apply(f)(v, *args, **kwargs) ** 2).sum()
     return jax.grad(run, argnums=(0, 1))
 
-  _assert_close(loss(rematted)(variables, arrays), loss(fn)(variables, arrays))
+  assert_trees_close(loss(rematted)(variables, arrays), loss(fn)(variables, arrays))
 
 
-@pytest.mark.parametrize(
-    'transform, first_index',
-    [
-        pytest.param(ext_nn.remat, 1, id='remat'),
-        pytest.param(ext_nn.partitioning.remat, 0, id='partitioning.remat'),
-    ],
-)
+@pytest.mark.parametrize('transform, first_index', ENTRIES)
 @EXAMPLES
 @given(case=cases())
 def test_module_remat_equals_plain_call(transform, first_index, case):
@@ -232,4 +221,4 @@ def test_module_remat_equals_plain_call(transform, first_index, case):
       return (module.apply(v, *args, **kwargs) ** 2).sum()
     return jax.value_and_grad(run, argnums=(0, 1))
 
-  _assert_close(loss(rematted())(variables, arrays), loss(plain())(variables, arrays))
+  assert_trees_close(loss(rematted())(variables, arrays), loss(plain())(variables, arrays))
