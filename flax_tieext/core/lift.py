@@ -79,18 +79,12 @@ def checkpoint(
     rngs: The PRNG sequences that are lifted. By default all PRNG sequences are
       lifted.
     concrete: Optional, boolean indicating whether ``fun`` may involve
-      value-dependent Python control flow (default ``False``). Support for such
-      control flow is optional, and disabled by default, because in some
-      edge-case compositions with :func:`jax.jit` it can lead to some extra
-      computation.
+      value-dependent Python control flow (default ``False``), as in
+      ``flax.linen.checkpoint``.
     prevent_cse: Optional, boolean indicating whether to prevent common
       subexpression elimination (CSE) optimizations in the HLO generated from
-      differentiation. This CSE prevention has costs because it can foil other
-      optimizations, and because it can incur high overheads on some backends,
-      especially GPU. The default is True because otherwise, under a ``jit`` or
-      ``pmap``, CSE can defeat the purpose of this decorator. But in some
-      settings, like when used inside a ``scan``, this CSE prevention mechanism
-      is unnecessary, in which case ``prevent_cse`` can be set to False.
+      differentiation (default ``True``); ``flax.linen.checkpoint`` says when
+      it can be set to False.
     static_argnums: Optional, int or sequence of ints, indicates which argument
       values on which to specialize for tracing and caching purposes. Specifying
       arguments as static can avoid ConcretizationTypeErrors when tracing, but

@@ -41,15 +41,8 @@ from flax_tieext import linen as nn
 # pylint: enable=g-importing-member,unused-import
 
 
-def core_remat_static(
-    fn,
-    variables=True,
-    rngs=True,
-    concrete=False,
-    prevent_cse=True,
-    static_argnums=(),
-    policy=None,
-):
+def core_remat_static(fn, variables=True, rngs=True, concrete=False,
+                      prevent_cse=True, static_argnums=(), policy=None):
   """Flax functional core remat version with static_argnums.
 
   ``lift.checkpoint``, which closes over static arguments as this function
@@ -97,23 +90,8 @@ def remat(
     >>> variables = RematLayer().init(jax.random.key(0), jnp.ones((2, 3)))
     >>> y = RematLayer().apply(variables, jnp.ones((2, 3)), deterministic=True)
   """
-  if target is None:
-    return lambda target: remat(
-        target, variables, rngs, concrete, prevent_cse, static_argnums,
-        policy, methods, static_argnames,
-    )
   return nn.transforms._checkpoint_lift_transform(  # pylint: disable=protected-access
-      core_remat_static,
-      target,
-      methods,
-      transform_name='nn.partitioning.remat',
-      first_index=0,
+      core_remat_static, 'nn.partitioning.remat', 0, target, variables, rngs,
+      concrete, prevent_cse, static_argnums, policy, methods, static_argnames,
       closes_over=True,
-      variables=variables,
-      rngs=rngs,
-      concrete=concrete,
-      prevent_cse=prevent_cse,
-      static_argnums=static_argnums,
-      policy=policy,
-      static_argnames=static_argnames,
   )

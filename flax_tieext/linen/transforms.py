@@ -51,25 +51,29 @@ from flax_tieext.core import ties as ties_lib
 # ---------------------------------------------------------------------------
 
 def _checkpoint_lift_transform(
-  core_transform,
-  target,
-  methods,
-  *,
-  transform_name: str,
-  first_index: int,
-  static_argnums=(),
-  static_argnames=(),
-  closes_over: bool = False,
-  **kwargs,
+  core_transform, transform_name: str, first_index: int, target, variables,
+  rngs, concrete, prevent_cse, static_argnums, policy, methods,
+  static_argnames, closes_over: bool = False,
 ):
   """``lift_transform`` of ``core_transform`` with static arguments resolved.
 
-  The scope function the core transform gets takes ``*args, **kwargs``, so
-  static arguments are resolved here, against each wrapped method's
-  signature, and handed to ``lift._checkpoint``. The transform keeps the name
-  of ``core_transform`` (``lift.checkpoint``), after which ``lift_transform``
-  names the transformed class (``CheckpointMLP``) and its unnamed instances.
+  ``target`` and the arguments after it are those of ``checkpoint``, in its
+  order (``nn.partitioning.remat`` takes the same); with ``target=None`` this
+  returns a decorator. The scope function the core transform gets takes
+  ``*args, **kwargs``, so static arguments are resolved here, against each
+  wrapped method's signature, and handed to ``lift._checkpoint``. The
+  transform keeps the name of ``core_transform`` (``lift.checkpoint``), after
+  which ``lift_transform`` names the transformed class (``CheckpointMLP``) and
+  its unnamed instances.
   """
+  if target is None:
+    return lambda target: _checkpoint_lift_transform(
+      core_transform, transform_name, first_index, target, variables, rngs,
+      concrete, prevent_cse, static_argnums, policy, methods, static_argnames,
+      closes_over,
+    )
+  kwargs = dict(variables=variables, rngs=rngs, concrete=concrete,
+                prevent_cse=prevent_cse, policy=policy)
 
   @functools.wraps(core_transform)
   def transform(fn, statics, **kwargs):
@@ -194,24 +198,9 @@ def checkpoint(
     A wrapped version of ``target``. When computing gradients intermediate
     computations will be re-computed on the backward pass.
   """
-  if target is None:
-    return lambda target: checkpoint(
-      target, variables, rngs, concrete, prevent_cse, static_argnums, policy,
-      methods, static_argnames,
-    )
   return _checkpoint_lift_transform(
-      lift.checkpoint,
-      target,
-      methods,
-      transform_name='nn.checkpoint (nn.remat)',
-      first_index=1,
-      variables=variables,
-      rngs=rngs,
-      concrete=concrete,
-      static_argnums=static_argnums,
-      prevent_cse=prevent_cse,
-      policy=policy,
-      static_argnames=static_argnames,
+    lift.checkpoint, 'nn.checkpoint (nn.remat)', 1, target, variables, rngs,
+    concrete, prevent_cse, static_argnums, policy, methods, static_argnames,
   )
 
 
