@@ -216,12 +216,13 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
       yield tie, col, tie_spec.apply_views(tie, source), stack
 
 
-def _stack_paths(stacks):
+def _stack_paths(stacks, sep: str = '/'):
+  """``stacks`` by path, checked (``sep='.'``: NNX's attribute paths)."""
   if stacks is None:
     return None
   out = {}
   for path, layers in stacks.items():
-    parsed = tuple(p for p in path.strip('/').split('/') if p not in ('', '.'))
+    parsed = tuple(p for p in path.strip(sep).split(sep) if p not in ('', '.'))
     if not isinstance(layers, int) or layers < 1:
       raise tie_errors.bad_stack_count(path, layers)
     out[parsed] = layers

@@ -83,6 +83,11 @@ def did_you_mean(name, names) -> str:
   return f' Did you mean {near[0]!r}?' if near else ''
 
 
+def _in(col) -> str:
+  """The collection of a message (NNX's ties have none: col is None)."""
+  return '' if col is None else f' in collection {col!r}'
+
+
 def _listed(names) -> str:
   return ', '.join(map(repr, sorted(names))) or 'none'
 
@@ -405,15 +410,15 @@ def stack_count_differs(verb: str, tie, col: str, stack: Path, layers: int,
                         leaf: Path, shape) -> TieError:
   """``stacks`` names a count that the stack's other variables do not have."""
   found = (f'a leading axis of {shape[0]}' if shape else 'no leading axis')
-  fix = (f' stacks={{{"/".join(stack)!r}: {shape[0]}}}' if shape else '')
+  fix = (f' stacks={{{tie.sep.join(stack)!r}: {shape[0]}}}' if shape else '')
   return tie_error(
-      f'Cannot {verb} {text(tie.target)} in collection {col!r}: stacks gives'
-      f' {text(stack)} {layers} layers, but {text(leaf)}, stored beside the'
-      f' target in that stack, has {found} (shape {tuple(shape)}). A target'
-      ' inside a stack has one copy of its source per layer, as many as its'
-      ' siblings.',
+      f'Cannot {verb} {tie.text(tie.target)}{_in(col)}: stacks gives'
+      f' {tie.text(stack)} {layers} layers, but {tie.text(leaf)}, stored'
+      f' beside the target in that stack, has {found} (shape'
+      f' {tuple(shape)}). A target inside a stack has one copy of its source'
+      ' per layer, as many as its siblings.',
       f'Give the stack its number of layers:{fix}.' if fix else
-      f'Name only stacks in stacks= ({text(stack)} is not one).')
+      f'Name only stacks in stacks= ({tie.text(stack)} is not one).')
 
 
 def convert_source_missing(verb: str, tie, col: str, near: str) -> TieError:
@@ -430,15 +435,14 @@ def bad_stack_count(path: str, layers) -> TieError:
 
 def unnamed_stack(tie, col: str, stack: Path, n: int) -> TieError:
   """A target below stacked variables would be written unstacked."""
-  where = text(stack)
   return TieError(
-      f'Cannot untie {text(tie.target)} in collection {col!r}: it lies inside'
-      f' {where}, whose every variable has a leading axis of {n} that its'
-      f' source {text(tie.source)} lacks, as in a stack of {n} layers (nn.scan'
-      ' / nn.vmap). Written unstacked, it would not load into the untied'
-      ' model.\n\nOptions:\n'
-      f'  1. Name the stack: stacks={{{where[1:]!r}: {n}}} (one copy of the'
-      ' source per layer).\n'
+      f'Cannot untie {tie.text(tie.target)}{_in(col)}: it lies inside'
+      f' {tie.text(stack)}, whose every variable has a leading axis of {n}'
+      f' that its source {tie.text(tie.source)} lacks, as in a stack of {n}'
+      f' layers ({"nn.scan / nn.vmap" if tie.sep == "/" else "nnx.vmap"}).'
+      ' Written unstacked, it would not load into the untied model.\n\n'
+      f'Options:\n  1. Name the stack: stacks={{{tie.sep.join(stack)!r}: {n}}}'
+      ' (one copy of the source per layer).\n'
       '  2. If it is not a stack, say so: stacks={}.')
 
 
