@@ -313,12 +313,17 @@ class Encoder(nn.Module):
 LAYERS_TIES = {'layers/attn': 'embed'}
 
 
-@needs_patch
-def test_untie_with_a_stack_count_its_siblings_lack_is_refused():
+def _encoder_variables():
+  """The tied ``Encoder``'s variables, and them untied over its 2 layers."""
   variables = nn.tie(Encoder, LAYERS_TIES)().init(jax.random.key(0),
                                                   tie_models.X)
-  untied = flax_tieext.untie_variables(variables, LAYERS_TIES,
-                                       stacks={'layers': 2})
+  return variables, flax_tieext.untie_variables(variables, LAYERS_TIES,
+                                                stacks={'layers': 2})
+
+
+@needs_patch
+def test_untie_with_a_stack_count_its_siblings_lack_is_refused():
+  variables, untied = _encoder_variables()
   assert untied['params']['layers']['attn']['kernel'].shape == (
       2, tie_models.D, tie_models.D)
   with pytest.raises(TieError) as info:
@@ -331,10 +336,7 @@ def test_untie_with_a_stack_count_its_siblings_lack_is_refused():
 
 @needs_patch
 def test_tie_with_a_stack_count_its_siblings_lack_is_refused():
-  variables = nn.tie(Encoder, LAYERS_TIES)().init(jax.random.key(0),
-                                                  tie_models.X)
-  untied = flax_tieext.untie_variables(variables, LAYERS_TIES,
-                                       stacks={'layers': 2})
+  variables, untied = _encoder_variables()
   retied = flax_tieext.tie_variables(untied, LAYERS_TIES, stacks={'layers': 2})
   jax.tree_util.tree_map(np.testing.assert_array_equal, retied, variables)
   with pytest.raises(TieError, match="stacks gives /layers 3 layers"):
