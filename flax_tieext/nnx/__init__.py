@@ -27,18 +27,11 @@ declares them so that tree mode keeps one Variable at two places
 convert states between the tied and the untied layout.
 """
 
-import inspect as _inspect
-
-import flax.nnx as _flax_nnx
-
 from flax_tieext import _compat
+# Tree mode, which tielib needs (Flax 0.12.8 and later of the matrix).
+from flax_tieext.nnx._tree_mode import TREE_MODE as _TREE_MODE
 
 remat = _compat.our_nnx_remat()
-
-# Tree mode: `graph=` on every NNX API (Flax 0.12.8 and later of the matrix);
-# tielib is importable only with it.
-_TREE_MODE = hasattr(_flax_nnx, 'split') and 'graph' in _inspect.signature(
-    _flax_nnx.split).parameters
 
 if _TREE_MODE:
   from flax_tieext.nnx.tielib import tie, tie_state, untie_state  # pylint: disable=g-import-not-at-top

@@ -44,12 +44,12 @@ from flax.nnx import variablelib
 
 from flax.core import meta
 
-from flax_tieext import nnx as _package
 from flax_tieext.core import tie_convert
 from flax_tieext.core import tie_spec
 from flax_tieext.errors import TieError
+from flax_tieext.nnx import _tree_mode
 
-if not _package._TREE_MODE:  # pylint: disable=protected-access
+if not _tree_mode.TREE_MODE:
   raise ImportError(
       'flax_tieext.nnx.tielib is for NNX tree mode (graph=False), which this'
       ' Flax does not have (Flax 0.12.8 and later of the supported releases'
