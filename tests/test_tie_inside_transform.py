@@ -115,6 +115,8 @@ WRAPS = {  # the wrap, and where block 0's attention sits under it
     'nn.partitioning.remat': (nn.partitioning.remat, SOURCE),
     'nested nn.remat': (nested_remat, SOURCE),
     'nn.jit': (nn.jit, SOURCE),
+    'nn.jit of nn.remat': (lambda cls: nn.jit(nn.remat(cls)), SOURCE),
+    'nn.remat of nn.jit': (lambda cls: nn.remat(nn.jit(cls)), SOURCE),
     'nn.cond': (through_cond, '/block_0/m/SelfAttention'),
     'nn.map_variables': (through_map_variables, SOURCE),
 }
@@ -219,10 +221,13 @@ def stacked(kind, cls):
     return nn.scan(cls, length=3, in_axes=nn.broadcast, **common)
   if kind == 'nn.scan of nn.remat':
     return nn.scan(nn.remat(cls), length=3, in_axes=nn.broadcast, **common)
+  if kind == 'nn.scan of nn.jit':
+    return nn.scan(nn.jit(cls), length=3, in_axes=nn.broadcast, **common)
   return nn.vmap(cls, in_axes=(0, None), out_axes=0, **common)
 
 
-@pytest.mark.parametrize('kind', ['nn.scan', 'nn.scan of nn.remat', 'nn.vmap'])
+@pytest.mark.parametrize('kind', ['nn.scan', 'nn.scan of nn.remat',
+                                  'nn.scan of nn.jit', 'nn.vmap'])
 def test_tie_inside_a_stack_reads_the_mask_outside(kind):
   x = X if kind != 'nn.vmap' else jnp.stack([X[0]] * 3)
 
