@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -59,9 +59,18 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
 # pylint: disable=protected-access
 
 
+class Lifted(NamedTuple):
+  """A tie source a transform packs beside its scopes."""
+
+  packed: Any  # what is packed: the source's scope, or a detached copy
+  real: Any  # the source's scope
+  rngs_only: bool  # lifted for its rngs (its variables stay outside)
+  closure: Any  # the Lift whose closed-over values it holds, or None
+
+
 def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
-                   inside=None, met=()):
-  """``(packed, scope, rngs_only, closure)`` of each tie source to lift.
+                   inside=None, met=()) -> list[Lifted]:
+  """Each tie source to lift (:class:`Lifted`).
 
   For a target inside ``scopes`` whose source lies outside all of them, as
   the transform declares (``tie_sources``): the source's scope (a
@@ -97,14 +106,14 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       source, _ = reach(scope, path, rngs=True)
       values, crossed = reach(scope, path)
       if crossing.maps:
-        extra.append((_detached(source, {}), source, True, None))
+        extra.append(Lifted(_detached(source, {}), source, True, None))
       elif crossed or (tie, col) in met:  # a closed-over value: lift it as one
-        extra.append((_detached(source, {
+        extra.append(Lifted(_detached(source, {
             c: values._collection(c) for c in visible_collections(scope)
             if tie.applies_to(c)}), source, False, crossed[0] if crossed else
                       _Lift(source, (), name, False, False, False, None)))
       else:
-        extra.append((source, source, False, None))
+        extra.append(Lifted(source, source, False, None))
   return extra
 
 
@@ -237,12 +246,13 @@ class Packed:
               for s in scopes]
     self.extra = extra = lifted_sources(scopes, name, tie_sources, inside,
                                         met_here)
-    lifted = scopes + [real for _, real, only, _ in extra if not only]
+    lifted = scopes + [e.real for e in extra if not e.rngs_only]
     self.packed = [without_borrowed(s, lifted, ties)
                    for s, ties in zip(scopes, inside)]
-    self.scopes = [s for s, _ in self.packed] + [s for s, _, _, _ in extra]
-    self.reals = scopes + [real for _, real, _, _ in extra]
-    self.kinds = [(False, None)] * len(scopes) + [(o, c) for _, _, o, c in extra]
+    self.scopes = [s for s, _ in self.packed] + [e.packed for e in extra]
+    self.reals = scopes + [e.real for e in extra]
+    self.kinds = [(False, None)] * len(scopes) + [
+        (e.rngs_only, e.closure) for e in extra]
     self.name, self.tie_sources = name, tie_sources
     # A transform that reuses its trace keys it on the variables' tree: the
     # ties inside, views included, are part of what the trace computes.

@@ -368,14 +368,8 @@ def _used(scope) -> set:
 
 def _near(scope, path: Path, col: str | None) -> str:
   """What exists near ``path``: the collection that holds it, or names."""
-  return tie_errors.near(**nearby(scope, path, col))
-
-
-def nearby(scope, path: Path, col: str | None) -> dict:
-  """What a message needs to say what exists near ``path`` (no message)."""
-  return {'path': path, 'base': scope.root.path,
-          'holders': _holders(scope, path, col),
-          'tree': stored(scope, (), col or 'params') or {}}
+  return tie_errors.near(path, scope.root.path, _holders(scope, path, col),
+                         stored(scope, (), col or 'params') or {})
 
 
 def _holders(scope, path: Path, col: str | None) -> list[str]:
@@ -429,24 +423,26 @@ def resolve(scope, tie: Tie, col: str, *, write: bool, given: bool,
       col == 'params' or bool(crossed) or not found)
   inside = (declared_inside(tie, col, crossed)
             if crossed and (found or not copy) else None)
-  why, facts = None, {}
-  if given and not initializing:
-    why = 'given'  # apply would ignore them
+  where, error = scope.path_text, None
+  if given and not initializing:  # apply would ignore them
+    error = tie_errors.given_for_target(tie, col)
   elif inside is not None:
-    why, facts = 'declared_inside', {'transform': inside.name}
+    error = tie_errors.declared_inside(tie, col, where, inside.name)
   elif copy:
     pass
   elif crossed and (write or not found):
-    why, facts = 'cannot_land', {
-        'transforms': [lift.name for lift in crossed], 'write': write,
-        'tree': stored(scope, (), col) or {},
-        'declared_within': is_within(tie.declared_at, scope.root.path)}
+    error = tie_errors.cannot_land(
+        tie, col, where, [lift.name for lift in crossed], write,
+        '' if write else tie_errors.nearest(stored(scope, (), col) or {},
+                                            tie.source),
+        is_within(tie.declared_at, scope.root.path))
   elif write and tie.view is not None:
-    why = 'read_only'
+    error = tie_errors.read_only(tie, col, where)
   elif not found and not write and not scope.is_mutable_collection(col):
-    why, facts = 'not_stored', nearby(scope, tie.source, col)
-  if why is not None:
-    raise tie_errors.refused(why, tie, col, scope.path_text, **facts)
+    error = tie_errors.source_not_stored(tie, col, where,
+                                         _near(scope, tie.source, col))
+  if error is not None:
+    raise error
   if found:
     _used(scope).add((tie.target, col))
   return COPY if copy else SOURCE
@@ -827,8 +823,7 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
   if source is not None:
     inside = declared_inside(tie, col, crossed)
     if inside is not None:
-      raise tie_errors.refused('declared_inside', tie, col, scope.path_text,
-                               transform=inside.name)
+      raise tie_errors.declared_inside(tie, col, scope.path_text, inside.name)
     if flat is None and tie.view is None:  # flattened once per source
       flat = dict(flatten(source))
       sources[key] = source, crossed, flat
