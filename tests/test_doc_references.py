@@ -21,7 +21,7 @@ A name in backticks that looks like a code path is checked:
 * a dotted name that starts with ``flax_tieext.`` must import, attribute by
   attribute (a trailing call, ``install()``, is dropped);
 * a dotted name whose first part is one of the package's own modules
-  (``ties.resolve``, ``tie_spec.normal_form``) must be an attribute of that
+  (``ties.route``, ``tie_spec.normal_form``) must be an attribute of that
   module, wherever in the package it lives;
 * a dotted name whose first part is one of the package's own classes
   (``Packed.wrap``) must be an attribute or field of that class;

@@ -19,7 +19,7 @@ force live in the scope's ``flags`` (``tie_spec.InForce``), which Flax hands
 to every scope derived from it, so a tie is in force wherever its target is
 used. What they mean together is their normal form (``tie_spec.compose``),
 computed once per collection and looked up by path. One policy
-(:func:`resolve`) decides what Flax sees at a target, for module ties
+(:func:`route`) decides what Flax sees at a target, for module ties
 (``Scope._collection`` / ``_mutable_collection`` call :func:`collection`,
 which gives a target scope its source's collection) and single tied
 variables (:class:`TiedNames`) alike. ``Scope.push`` calls :func:`share_rngs`
@@ -391,9 +391,9 @@ SOURCE = 'source'  # the source's storage (read-only across a transform)
 COPY = 'copy'  # init: the target's own copy, starting as the source's values
 
 
-def resolve(scope, tie: Tie, col: str, *, write: bool, given: bool,
-            found: bool, crossed) -> str:
-  """Decides what Flax sees at the target of ``tie`` in ``col``.
+def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
+          found: bool, crossed) -> str:
+  """Routes a use of the target of ``tie`` in ``col``: what Flax sees there.
 
   Module ties and single tied variables both ask here; they differ only in
   what they hand Flax (a collection, or one name of it).
@@ -505,7 +505,7 @@ def _module_collection(scope, tie: Tie, col: str, write: bool):
   # A source whose every variable is tied elsewhere stores nothing: the
   # target's tied paths below it resolve on their own.
   found = bool(node) or bool(ties_below(scope, tie.target, col))
-  how = resolve(scope, tie, col, write=write, found=found,
+  how = route(scope, tie, col, write=write, found=found,
                 given=_given(scope, col), crossed=crossed)
   if how == COPY:
     if col != 'params' and not write:
@@ -585,7 +585,7 @@ class TiedNames(MutableMapping):
     found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
     if isinstance(found, Mapping):
       return None  # a submodule: its own scope resolves the tie
-    how = resolve(scope, tie, col, write=write, given=name in self.own,
+    how = route(scope, tie, col, write=write, given=name in self.own,
                   found=found is not None, crossed=crossed)
     if how == COPY and (write or found is None):
       return None  # the target's own copy, checked and dropped by check_init
@@ -654,7 +654,7 @@ def collection(scope, col: str, write: bool = False):
   """``Scope._collection`` of a scope with ties in force.
 
   Where a module tie targets ``scope``, ``col`` is its source's
-  (:func:`resolve`); otherwise Flax's own (``untied=True``). Where variable
+  (:func:`route`); otherwise Flax's own (``untied=True``). Where variable
   ties target names in it, those names are their sources' (:class:`TiedNames`).
   With ``write``, this is ``Scope._mutable_collection``.
   """
