@@ -434,7 +434,7 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
 
   def _note_static_arrays(self, error, args, kwargs):
     """Notes each static argument that received an array; the call's statics."""
-    self._resolve()
+    self._check()
     static = super().split(args, kwargs)[0]
     received = self._received(args, kwargs)
     for label, value, origin in self._items(args, kwargs, static):
@@ -445,7 +445,7 @@ class DiagnosedStaticArgs(static_args.StaticArgs):
 
   def _str_note(self, args, kwargs):
     """Names the traced arguments that hold a str (JAX cannot trace one)."""
-    self._resolve()
+    self._check()
     static = super().split(args, kwargs)[0]
     strings = [
         label for label, value, origin in self._items(args, kwargs, static)

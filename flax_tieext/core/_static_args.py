@@ -82,7 +82,8 @@ class StaticArgs:
                                             static_argnums)
     self._resolved = None  # None: not bound; False: bound; True: checked
 
-  def _resolve(self):
+  def _check(self):
+    """Binds, then raises for an index or name no spec of the group binds."""
     if self._resolved:
       return
     self._bind()
@@ -207,7 +208,7 @@ class StaticArgs:
     elif self.static_argnums == () and self.static_argnames == ():
       return _NO_STATIC, args, kwargs
     else:
-      self._resolve()
+      self._check()
       names = self.names
       at = {i for i, name in enumerate(self.positional[:len(args)])
             if name in names}
