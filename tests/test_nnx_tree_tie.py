@@ -572,18 +572,20 @@ def test_tie_state_refuses_copies_that_differ():
 # Errors in the user's terms
 # --------------------------------------------------------------------------
 def test_a_target_that_does_not_exist_names_the_nearest():
-  with pytest.raises(TieError, match=r"the SharedMLP has no attribute 'dwn'\. Nearest: down"):
+  with pytest.raises(TieError, match=r"target 'dwn\.kernel' does not exist\. "
+                     r"Nearest existing names under the module: down"):
     tie(SharedMLP, {'dwn.kernel': 'up.kernel'})(8, rngs=nnx.Rngs(0))
 
 
 def test_a_source_that_does_not_exist_names_the_nearest():
-  with pytest.raises(TieError, match=r"source 'up\.kernal' does not exist.*up\.kernel"):
+  with pytest.raises(TieError, match=r"source 'up\.kernal' does not exist\. "
+                     r"Nearest existing names under 'up': kernel"):
     tie(SharedMLP, {'down.kernel': 'up.kernal'})(8, rngs=nnx.Rngs(0))
 
 
 def test_shapes_that_differ_are_refused_with_both_paths():
-  with pytest.raises(TieError, match=r"shapes differ.*'head\.kernel'.*\(8, 16\).*"
-                     r"'embed\.embedding'.*\(16, 8\).*jnp\.transpose"):
+  with pytest.raises(TieError, match=r"(?s)'embed\.embedding' has \(16, 8\):float32,"
+                     r" but 'head\.kernel' has \(8, 16\).*jnp\.transpose"):
     tie(LM, {'head.kernel': 'embed.embedding'})(16, 8, rngs=nnx.Rngs(0))
 
 
@@ -593,7 +595,7 @@ def test_dtypes_that_differ_are_refused():
       self.a = nnx.Param(jnp.zeros((3,), jnp.float32))
       self.b = nnx.Param(jnp.zeros((3,), jnp.bfloat16))
 
-  with pytest.raises(TieError, match=r"dtypes differ.*'b' is bfloat16.*'a' is float32"):
+  with pytest.raises(TieError, match=r"'a' has \(3,\):float32, but 'b' has \(3,\):bfloat16"):
     tie(Mixed, {'b': 'a'})()
 
 
@@ -620,7 +622,7 @@ def test_a_source_inside_a_stack_whose_target_is_not_is_refused():
 def test_ties_to_itself_or_inside_itself_are_refused():
   with pytest.raises(TieError, match='itself'):
     tie(SharedMLP, {'up.kernel': 'up.kernel'})
-  with pytest.raises(TieError, match='inside it'):
+  with pytest.raises(TieError, match=r"'up\.kernel' lies inside 'up'"):
     tie(SharedMLP, {'up': 'up.kernel'})
 
 

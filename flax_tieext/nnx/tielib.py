@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import copyreg
-import difflib
+from collections.abc import Mapping
 import functools
 import types
 import typing as tp
@@ -39,12 +39,14 @@ import weakref
 import jax
 
 from flax import nnx
+from flax import traverse_util
 from flax.nnx import reprlib
 from flax.nnx import variablelib
 
 from flax.core import meta
 
 from flax_tieext.core import tie_convert
+from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 from flax_tieext.errors import TieError
 from flax_tieext.nnx import _tree_mode
@@ -61,123 +63,55 @@ Path = tuple[str, ...]
 TieSpec = tp.Union[str, tuple[str, tp.Callable[[tp.Any], tp.Any]]]
 
 
-class Tie(tp.NamedTuple):
-  """One declared tie: ``target`` reads ``source`` (through ``view``)."""
-  target: Path
-  source: Path
-  view: tp.Callable[[tp.Any], tp.Any] | None = None
-
-  def describe(self) -> str:
-    view = '' if self.view is None else f' (through {_name(self.view)})'
-    return f"tie {_dotted(self.target)!r} -> {_dotted(self.source)!r}{view}"
-
-
-def _dotted(path: Path) -> str:
-  return '.'.join(path) if path else '.'
+Tie = tie_spec.Tie  # Linen's record; NNX's say so with sep='.'
 
 
 def _name(fn) -> str:
   return getattr(fn, '__qualname__', None) or repr(fn)
 
 
-def _parse_path(spelled: tp.Any, role: str, where: str) -> Path:
-  if isinstance(spelled, tuple) and all(isinstance(p, (str, int)) for p in spelled):
-    path = tuple(str(p) for p in spelled)
-  elif isinstance(spelled, str):
-    path = tuple(spelled.split('.')) if spelled else ()
-  else:
-    raise TieError(
-        f'{where}: the {role} {spelled!r} is not a path. Spell it as NNX does,'
-        " an attribute path such as 'head.kernel' or ('layers', 0, 'kernel')."
-    )
-  if not path or any(not p for p in path):
-    raise TieError(
-        f'{where}: the {role} {spelled!r} names no Variable. Spell it as an'
-        " attribute path such as 'head.kernel', relative to the tied module."
-    )
-  return path
+def _records(ties, inherited: tuple[Tie, ...] = ()) -> tuple[Tie, ...]:
+  """The ties of a tied class, or the normal form of ``ties`` and ``inherited``.
 
-
-def parse_ties(ties: tp.Mapping[tp.Any, TieSpec], where: str) -> tuple[Tie, ...]:
-  """``{target: source | (source, view_fn)}`` as :class:`Tie` records, checked."""
-  if not isinstance(ties, tp.Mapping) or not ties:
-    raise TieError(
-        f"{where}: ties must be a non-empty mapping {{target: source}}, such as"
-        f" {{'head.kernel': 'embed.embedding'}}; got {ties!r}."
-    )
-  records = []
-  for target, spec in ties.items():
-    view = None
-    if isinstance(spec, tuple) and len(spec) == 2 and callable(spec[1]):
-      spec, view = spec
-    record = Tie(_parse_path(target, 'target', where),
-                 _parse_path(spec, 'source', where), view)
-    t, s = record.target, record.source
-    if t[:len(s)] == s or s[:len(t)] == t:
-      raise TieError(
-          f'{where}: {record.describe()} ties a path to '
-          + ('itself' if t == s else 'a path inside it') +
-          '; a tie shares one Variable between two separate places.'
-      )
-    records.append(record)
-  by_target = {r.target: r for r in records}
-
-  def chain(r):  # r, then the tie of each source that is itself a target
-    out = [r]
-    while out[-1].source in by_target and out[-1].source != r.target and len(
-        out) <= len(records):
-      out.append(by_target[out[-1].source])
-    return out
-
-  for r in records:
-    if chain(r)[-1].source == r.target:
-      cycle = chain(r)
-      raise TieError(
-          f'{where}: the ties form a cycle ('
-          + ' -> '.join(_dotted(c.target) for c in cycle)
-          + f' -> {_dotted(r.target)}), so none of these paths holds a'
-          ' Variable of its own. Keep one as the source and tie the others'
-          ' to it, e.g. {'
-          + ', '.join(f'{_dotted(c.target)!r}: {_dotted(r.target)!r}'
-                      for c in cycle[1:]) + '}.'
-      )
-  for r in records:
-    if r.source in by_target:
-      raise TieError(
-          f'{where}: {r.describe()} reads a path that is itself a tie target;'
-          f' tie {_dotted(r.target)!r} to {_dotted(chain(r)[-1].source)!r}'
-          ' directly.'
-      )
-  return tuple(records)
+  ``ties`` in NNX's spelling (``'head.kernel'``); the normal form is Linen's
+  (``tie_spec.compose``): chains resolve to their final source, stacked
+  declarations mean their union, cycles and self-ties are refused.
+  """
+  if isinstance(ties, type) and hasattr(ties, '_tieext_ties'):
+    return ties._tieext_ties  # pylint: disable=protected-access
+  return tie_spec.compose(inherited + tie_spec.normalize(ties, None, (), '.'))
 
 
 # --------------------------------------------------------------------------
 # Paths in a module
 # --------------------------------------------------------------------------
-def _children(node) -> list[str]:
-  if not isinstance(node, nnx.Pytree):
-    return []
-  return sorted(k for k in vars(node) if not k.startswith('_'))
+class _Attributes(Mapping):
+  """A module's attributes as a tree, as ``tie_errors.nearest`` reads one."""
+
+  def __init__(self, node):
+    self._vars = vars(node)
+
+  def __getitem__(self, key):
+    value = self._vars[key]
+    return _Attributes(value) if isinstance(value, nnx.Pytree) else value
+
+  def __iter__(self):
+    return (k for k in self._vars if not k.startswith('_'))
+
+  def __len__(self):
+    return sum(1 for _ in self)
 
 
 def _lookup(root, path: Path, record: Tie, role: str, where: str):
   """The value at ``path`` in ``root``, or a TieError naming what is near."""
-  node = root
-  for i, key in enumerate(path):
-    if not isinstance(node, nnx.Pytree) or key not in vars(node):
-      found = _children(node)
-      near = difflib.get_close_matches(key, found, n=3)
-      at = (f'{_dotted(path[:i])!r} ({type(node).__name__})' if i else
-            f'the {type(node).__name__}')
-      raise TieError(
-          f'{where}: {record.describe()}: the {role} {_dotted(path)!r} does not'
-          f' exist: {at} has no attribute {key!r}.'
-          + (f' Nearest: {", ".join(_dotted(path[:i] + (n,)) for n in near)}.'
-             if near else '')
-          + (f' It has: {", ".join(found)}.' if found else '')
-      )
-    node = vars(node)[key]
-  return node
+  value = _get(root, path)
+  if value is _MISSING:
+    raise tie_errors.tie_error(
+        f'{where}: {record.describe()}: the {role} {record.text(path)} does'
+        ' not exist.' + tie_errors.nearest(_Attributes(root), path, sep='.'),
+        f'Fix the {role} path: attribute paths from the tied module, such as'
+        " 'head.kernel' or 'layers.0.kernel'.")
+  return value
 
 
 # --------------------------------------------------------------------------
@@ -324,8 +258,8 @@ def _check_given(view, value):
   if not same:
     raise TieError(
         f'{record.describe()}: an update (nnx.update) gives the target'
-        f' {_dotted(record.target)!r} a value of its own that is not the view'
-        f' of its source {_dotted(record.source)!r} as the model holds it; a'
+        f' {record.text(record.target)} a value of its own that is not the view'
+        f' of its source {record.text(record.source)} as the model holds it; a'
         ' tied model holds the target only as that view, so the value would'
         ' be lost. Convert an untied state or checkpoint first with'
         ' flax_tieext.nnx.tie_state(state, TiedModel), which checks each'
@@ -430,8 +364,8 @@ def _check_broadcast(module, record: Tie, source, rank: int):
   if shape is not None and len(shape) < rank:
     raise TieError(
         f'{type(module).__name__}: {record.describe()}: the source'
-        f' {_dotted(record.source)!r} lies outside the stack'
-        f' {_dotted(record.target[:-1])!r} and is broadcast into it, but a'
+        f' {record.text(record.source)} lies outside the stack'
+        f' {record.text(record.target[:-1])} and is broadcast into it, but a'
         f' transform sliced it (rank {rank} -> {len(shape)}), so each slice'
         ' would read a part of it. Give it None in the transform\'s prefix,'
         f' e.g. in_axes=nnx.prefix(model, {{{type(source).__name__}: None,'
@@ -453,14 +387,15 @@ def _stack_axes(target_shape, source_shape) -> int | None:
 def _check_pair(where: str, record: Tie, target, source) -> int | None:
   """Raises unless ``target`` can be ``source`` (or its view).
 
-  The checks of :func:`tie`, which :func:`tie_state` makes too. Returns the rank of a source that is broadcast into a stack (the target has
-  more leading axes), or None.
+  The checks of :func:`tie`, which :func:`tie_state` makes too. Returns the
+  rank of a source that is broadcast into a stack (the target has more
+  leading axes), or None.
   """
   for role, value in (('target', target), ('source', source)):
     if not isinstance(value, nnx.Variable):
       raise TieError(
           f'{where}: {record.describe()}: the {role}'
-          f' {_dotted(getattr(record, role))!r} is a {type(value).__name__},'
+          f' {record.text(getattr(record, role))} is a {type(value).__name__},'
           ' not a Variable. Ties share Variables; to share a whole module,'
           ' assign it at both places (graph mode) or tie each Variable.'
       )
@@ -474,37 +409,24 @@ def _check_pair(where: str, record: Tie, target, source) -> int | None:
   raw = source.get_raw_value()
   want = (_view_shape(record.view, tuple(raw.shape), raw.dtype)
           if record.view is not None else raw)
-  t_shape = tuple(target.get_raw_value().shape)
-  s_shape = tuple(want.shape)
-  if t_shape != s_shape:
-    view = '' if record.view is None else ' (after the view)'
-    if _stack_axes(s_shape, t_shape):
-      raise TieError(
-          f'{where}: {record.describe()}: the source {_dotted(record.source)!r}'
-          f' has shape {s_shape}{view}, the target {t_shape}: the source lies'
-          f' inside a stack of {s_shape[0]} (a module made by nnx.vmap or'
-          ' iterated by nnx.scan) and the target does not, so one target'
-          ' would read many values. Tie a target inside the same stack, or'
-          ' move the source out of the stack.'
-      )
-    if not _stack_axes(t_shape, s_shape):
-      raise TieError(
-          f'{where}: {record.describe()}: shapes differ: target'
-          f' {_dotted(record.target)!r} has {t_shape}, source'
-          f' {_dotted(record.source)!r} has {s_shape}{view}.'
-          + ('' if record.view is not None else
-             ' To tie through a transpose, give (source, jnp.transpose).')
-      )
-    # A target inside a stack, the source outside it: the tie broadcasts
-    # the source into every slice (the transform's prefix gives it None).
-  if target.get_raw_value().dtype != want.dtype:
+  have = target.get_raw_value()
+  t_shape, s_shape = tuple(have.shape), tuple(want.shape)
+  if _stack_axes(s_shape, t_shape):
     raise TieError(
-        f'{where}: {record.describe()}: dtypes differ: target'
-        f' {_dotted(record.target)!r} is {target.get_raw_value().dtype}, source'
-        f' {_dotted(record.source)!r} is {want.dtype}.'
+        f'{where}: {record.describe()}: the source {record.text(record.source)}'
+        f' has shape {s_shape}'
+        f'{"" if record.view is None else " (after the view)"}, the target'
+        f' {t_shape}: the source lies inside a stack of {s_shape[0]} (a module'
+        ' made by nnx.vmap or iterated by nnx.scan) and the target does not,'
+        ' so one target would read many values. Tie a target inside the same'
+        ' stack, or move the source out of the stack.'
     )
-  # Past the checks, shapes differ only for a target inside a stack.
-  return raw.ndim if t_shape != s_shape else None
+  # A target inside a stack, the source outside it: the tie broadcasts the
+  # source into every slice (the transform's prefix gives it None).
+  stacked = _stack_axes(t_shape, s_shape)
+  tie_spec.check_like(record, None, want, jax.ShapeDtypeStruct(
+      t_shape[stacked or 0:], have.dtype))
+  return raw.ndim if stacked else None
 
 
 def _bind(module, ties: tuple[Tie, ...]):
@@ -596,9 +518,7 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
         f'tie: {module_class!r} is not an NNX module class that is a pytree;'
         ' tie(module_class, ties) takes the class, as nn.tie does.'
     )
-  records = parse_ties(ties, f'tie({module_class.__name__})')
-  inherited = getattr(module_class, '_tieext_ties', ())
-  all_ties = inherited + records
+  all_ties = _records(ties, getattr(module_class, '_tieext_ties', ()))
   trie = _target_trie(all_ties)
   parent = module_class
   root = getattr(module_class, '_tieext_root', module_class)
@@ -694,10 +614,10 @@ def _from_flat(flat: dict[Path, tp.Any]) -> nnx.State:
   return nnx.from_flat_state([(key(p), v) for p, v in flat.items()])
 
 
-def _records(ties, where: str) -> tuple[Tie, ...]:
-  if isinstance(ties, type) and hasattr(ties, '_tieext_ties'):
-    return ties._tieext_ties  # pylint: disable=protected-access
-  return parse_ties(ties, where)
+def _tree(flat: dict[Path, tp.Any]) -> dict[str, tp.Any]:
+  """The values of ``flat``'s Variables, nested as the core's checks read them."""
+  return traverse_util.unflatten_dict(
+      {p: v.get_raw_value() for p, v in flat.items()})
 
 
 def untie_state(state: nnx.State, ties,
@@ -739,25 +659,31 @@ def untie_state(state: nnx.State, ties,
       target inside a stack that ``stacks`` does not name (known by the
       stacked Variables beside it), which would be written unstacked.
   """
-  records = _records(ties, 'untie_state')
+  records = _records(ties)
   flat = _flat(state)
-  stacks = None if stacks is None else {
-      _parse_path(path, 'stack', 'untie_state'): n
-      for path, n in stacks.items()}
+  tree = _tree(flat)
+  stacks = tie_convert._stack_paths(stacks, sep='.')  # pylint: disable=protected-access
   for record in records:
     if record.source not in flat:
       raise TieError(
           f'untie_state: {record.describe()}: the source'
-          f' {_dotted(record.source)!r} is not in the state; it has: '
-          + ', '.join(_near(record.source, flat)) + '.'
+          f' {record.text(record.source)} is not in the state.'
+          + tie_errors.nearest(tree, record.source, sep='.')
       )
     if record.target in flat:
       raise TieError(
           f'untie_state: {record.describe()}: the target'
-          f' {_dotted(record.target)!r} is already in the state, which is'
+          f' {record.text(record.target)} is already in the state, which is'
           ' then untied already.'
       )
-    layers = _stack_layers(flat, record, stacks)
+    # A target inside a stack, its source outside: named, or refused.
+    stack = next(((path, n) for path, n in (stacks or {}).items()
+                  if tie_spec.is_within(record.target[:-1], path)
+                  and not tie_spec.is_within(record.source, path)), None)
+    if stacks is None:
+      tie_convert._refuse_unnamed_stack(tree, record, None)  # pylint: disable=protected-access
+    elif stack is not None:
+      tie_convert._check_layers(tree, record, None, stack, 'untie')  # pylint: disable=protected-access
     source = flat[record.source]
     value = source.get_value()
     if record.view is not None:
@@ -769,55 +695,13 @@ def untie_state(state: nnx.State, ties,
       names = {k: tie_spec.apply_view(
           record, meta.Partitioned(source.get_value(), v)).names
                for k, v in names.items()}
-    if layers is not None:  # as nnx.vmap stacks: a new unnamed axis 0
-      value = tie_convert._stacked(value, layers)  # pylint: disable=protected-access
+    if stack is not None:  # as nnx.vmap stacks: a new unnamed axis 0
+      value = tie_convert._stacked(value, stack[1])  # pylint: disable=protected-access
       names = {k: (None, *v) for k, v in names.items()}
     flat[record.target] = source.replace(value)
     if names:
       flat[record.target].set_metadata(**names)
   return _from_flat(flat)
-
-
-def _stack_layers(flat, record: Tie, stacks) -> int | None:
-  """The layers of the stack that holds ``record``'s target, not its source.
-
-  Without ``stacks``, refuses a target whose enclosing module holds only
-  Variables with one leading axis that the source lacks: a stack made by
-  ``nnx.vmap``, into which an unstacked copy would not load.
-  """
-  for depth in range(len(record.target) - 1, 0, -1):
-    stack = record.target[:depth]
-    if record.source[:depth] == stack:
-      return None
-    shapes = [jax.numpy.shape(v.get_raw_value()) for p, v in flat.items()
-              if p[:depth] == stack]
-    lengths = {s[:1] for s in shapes}
-    if stacks is not None:
-      if stack not in stacks:
-        continue
-      layers = stacks[stack]
-      if not isinstance(layers, int) or layers < 1 or lengths - {(layers,)}:
-        raise TieError(
-            f'untie_state: {record.describe()}: stacks names {_dotted(stack)!r}'
-            f' with {layers!r} layers, but the Variables stored in it have the'
-            f' leading axes {sorted(lengths)}. Give the number of layers of'
-            ' the stack (its Variables\' leading axis).'
-        )
-      return layers
-    source_shape = jax.numpy.shape(flat[record.source].get_raw_value())
-    if len(lengths) == 1 and () not in lengths and (
-        source_shape[:1] not in lengths):
-      ((layers,),) = lengths
-      raise TieError(
-          f'untie_state: {record.describe()}: the target lies inside'
-          f' {_dotted(stack)!r}, whose every Variable has a leading axis of'
-          f' {layers} that its source {_dotted(record.source)!r} lacks, as in'
-          f' a stack of {layers} modules (nnx.vmap). Written unstacked, it'
-          ' would not load into the untied model. Name the stack:'
-          f' stacks={{{_dotted(stack)!r}: {layers}}} (one copy of the source'
-          ' per layer), or, if it is not a stack, say so: stacks={}.'
-      )
-  return None
 
 
 def tie_state(state: nnx.State, ties) -> nnx.State:
@@ -837,15 +721,15 @@ def tie_state(state: nnx.State, ties) -> nnx.State:
       or a target that differs from its source (naming both paths and the
       largest difference).
   """
-  records = _records(ties, 'tie_state')
+  records = _records(ties)
   flat = _flat(state)
   for record in records:
     for role in ('source', 'target'):
       path = getattr(record, role)
       if path not in flat:
         raise TieError(
-            f'tie_state: {record.describe()}: the {role} {_dotted(path)!r} is'
-            ' not in the state; nearest: ' + ', '.join(_near(path, flat)) + '.'
+            f'tie_state: {record.describe()}: the {role} {record.text(path)} is'
+            ' not in the state.' + tie_errors.nearest(_tree(flat), path, sep='.')
         )
     stacked = _check_pair('tie_state', record, flat[record.target],
                           flat[record.source]) is not None
@@ -866,8 +750,3 @@ def tie_state(state: nnx.State, ties) -> nnx.State:
   for record in records:
     del flat[record.target]
   return _from_flat(flat)
-
-
-def _near(path: Path, flat) -> list[str]:
-  names = [_dotted(p) for p in flat]
-  return difflib.get_close_matches(_dotted(path), names, n=3) or names[:5]
