@@ -12,11 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""The messages of :class:`~flax.errors.TieError`, built apart from the checks.
+"""The messages of :class:`~flax_tieext.TieError`, built apart from the checks.
 
 Each function returns the error for one broken rule; the code that decides
-(``flax.core.tie_spec`` for declarations, ``flax.core.ties`` for resolution,
-``flax.core.tie_convert`` for conversions) only chooses which one to raise.
+(``tie_spec`` for declarations, ``ties`` for routing a use of a target,
+``tie_convert`` for conversions) only chooses which one to raise.
 A message says what happened, where (target, source, collection and the
 declaring module), what exists nearby, and the options that fix it.
 """
@@ -235,11 +235,9 @@ def declared_inside(tie, col: str, where: str, transform: str) -> TieError:
   return tie_error(
       f'The {tie.describe(col)} is used inside nn.{transform} at {where}, and'
       f' its source {text(tie.source)} lies outside that {transform}, but the'
-      f' tie is declared inside the {transform}: '
-      + ('nn.jit reuses its compiled trace, which would keep a stale copy of'
-         ' the source.' if transform == 'jit' else
-         f'the {transform} did not make its outer scopes reachable from'
-         ' inside, so the source cannot be read there.'),
+      f' tie is declared inside the {transform}: the {transform} did not make'
+      ' its outer scopes reachable from inside, so the source cannot be read'
+      ' there.',
       'Declare the tie at a module that contains both paths (their common'
       f' ancestor), outside the {transform}.')
 
@@ -325,29 +323,6 @@ def unsupported_transform(tie, name: str, where: str) -> TieError:
 def near(path: Path, base: Path, holders, tree) -> str:
   """What exists near ``path``: a collection holding it, or names in ``tree``."""
   return held_in(path, holders) or nearest(tree, path[len(base):], base)
-
-
-def refused(why: str, tie, col: str, where: str, **facts) -> TieError:
-  """The error for what ``flax.core.ties.resolve`` refused (``why``).
-
-  ``where`` is the scope that asked. ``facts`` are what the refusal found:
-  ``transform`` (declared inside it),
-  ``transforms``, ``write``, ``tree`` and ``declared_within`` (a write or an
-  initialization that cannot land), or :func:`near`'s arguments (a source
-  that is not stored).
-  """
-  if why == 'given':
-    return given_for_target(tie, col)
-  if why == 'declared_inside':
-    return declared_inside(tie, col, where, facts['transform'])
-  if why == 'cannot_land':
-    write = facts['write']
-    return cannot_land(tie, col, where, facts['transforms'], write,
-                       '' if write else nearest(facts['tree'], tie.source),
-                       facts['declared_within'])
-  if why == 'read_only':
-    return read_only(tie, col, where)
-  return source_not_stored(tie, col, where, near(**facts))
 
 
 def held_in(path: Path, holders) -> str:

@@ -227,7 +227,7 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
         return found
     return None
 
-  def resolve(tie: Tie, under: Path = ()):
+  def follow(tie: Tie, under: Path = ()):
     """``(final path, view)`` of ``tie.target + under``, through ``tie``."""
     steps = [(tie, under)]  # each tie followed, and the path below its target
     path, view = tie.source + under, tie.view
@@ -251,13 +251,13 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
 
   resolved: dict[Path, Tie] = {}
   for target, tie in by_target.items():
-    source, view = resolve(tie)
+    source, view = follow(tie)
     if is_within(target, source) or is_within(source, target):
       raise tie_errors.ancestor(tie, target, source)
     outer = owner(target[:-1])
     if outer is not None and not is_within(tie.declared_at, outer.target):
       # Inside another target, declared outside it: it must agree.
-      implied = resolve(outer, target[len(outer.target):])
+      implied = follow(outer, target[len(outer.target):])
       if implied != (source, view):
         raise tie_errors.two_sources(target, (source, tie),
                                      (implied[0], outer))
@@ -265,7 +265,7 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
                                            raw=tie)
   for tie in others:  # (in two declarations): both chains end at one path
     known = resolved[tie.target]
-    found = resolve(tie)
+    found = follow(tie)
     if found != (known.source, known.view):
       raise tie_errors.two_sources(tie.target, (known.source, known.raw),
                                    (found[0], tie))
