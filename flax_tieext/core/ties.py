@@ -411,8 +411,8 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
     :data:`SOURCE` or :data:`COPY`.
 
   Raises:
-    TieError: values given at ``apply`` for a target; a closed-over source
-      inside a transform that caches its trace; a write or initialization
+    TieError: values given at ``apply`` for a target; a source outside
+      a transform that declares nothing; a write or initialization
       that cannot land in a closed-over source; a write through a view; a
       source that is not stored.
   """
