@@ -79,14 +79,14 @@ def _checkpoint_lift_transform(
   def transform(fn, statics, **kwargs):
     return lift._checkpoint(fn, statics, **kwargs)
 
-  def resolve(fn, nums, names, index=first_index, name=transform_name):
+  def statics_of(fn, nums, names, index=first_index, name=transform_name):
     return _static_args.resolver(
       fn, nums, names, transform=name, first_index=index,
       closes_over=closes_over,
     )
 
   if not _is_module_class(target):  # a method, decorated
-    statics = resolve(target, static_argnums, static_argnames)
+    statics = statics_of(target, static_argnums, static_argnames)
     statics.decorated = lift_transform(transform, target, statics, **kwargs)
     return statics.decorated
   module_class = target.func if isinstance(target, functools.partial) else target
@@ -96,7 +96,7 @@ def _checkpoint_lift_transform(
     methods = {
       m: {
         **{k: v for k, v in kw.items() if not k.startswith('static_arg')},
-        'statics': resolve(
+        'statics': statics_of(
           getattr(module_class, m), kw.get('static_argnums', ()),
           kw.get('static_argnames', ()), 0, f'{transform_name} methods[{m!r}]',
         ),
@@ -107,7 +107,7 @@ def _checkpoint_lift_transform(
     # Each method resolves the same arguments; each need be in one only.
     names = methods or ['__call__']
     specs = [
-      resolve(getattr(module_class, m), static_argnums, static_argnames)
+      statics_of(getattr(module_class, m), static_argnums, static_argnames)
       for m in names
     ]
     for spec in specs:
