@@ -12,11 +12,13 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Every difference between supported Flax / JAX releases, in one place.
+"""What the installed Flax and JAX offer, asked by presence, not version.
 
-The rest of the package asks this module *what the installed Flax offers*
-instead of comparing version strings. What the monkeypatch needs from Flax is
-derived from its bindings (``_patch.missing_features()``).
+Their versions (for messages), what the loaded ``flax.nnx`` has of
+``nnx.remat``, and ``nnx.remat`` with ``static_argnames`` for the releases
+whose own has no graph and tree modes. What the monkeypatch needs from Flax is
+derived from its bindings (``_patch.missing_features()``); the hooks it binds
+into Flax's ``Scope`` and ``pack`` are in ``_patch``.
 """
 
 from __future__ import annotations
@@ -39,133 +41,6 @@ FLAX_VERSION: str = getattr(flax, '__version__', None) or importlib.metadata.ver
 JAX_VERSION: str = jax.__version__
 
 
-# -- Ties through lifted transforms --------------------------------------------
-# What each lifted transform does with a tie source outside it is its own
-# declaration. Released Flax has no such notion, so the plugin declares it for the
-# transforms of the supported releases, by the name they give ``pack``; one
-# not listed (a transform added later) declares nothing, which refuses a tie
-# source outside it with a TieError.
-
-
-def tie_sources_by_pack_name(partial_pack):
-  """``partial_pack`` (tie-aware) called with each released transform's declaration."""
-  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-
-  declared = ties.BY_PACK_NAME
-
-  @functools.wraps(partial_pack)
-  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
-                    rng_filters, name=None):
-    return partial_pack(scope_tree, in_variable_filters, out_variable_filters,
-                        rng_filters, name, declared.get(name))
-
-  return _partial_pack
-
-
-# -- Ties in Scope's methods ---------------------------------------------------
-# Scope.push, param, _collection, _mutable_collection, variables and
-# lift._partial_pack call into flax_tieext.core.ties / tie_vars / tie_lift
-# when ties are in force: each wrapper below runs Flax's own method and makes
-# those calls around it. _patch binds them when the first tie is declared.
-
-
-def scope_push(push):
-  """``Scope.push``: a child under ties gets its source's rng streams."""
-  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-
-  @functools.wraps(push)
-  def tied_push(self, name=None, prefix='', reuse=False):
-    scope = push(self, name, prefix, reuse)
-    if ties.TIES_FLAG in self.flags:
-      ties.share_rngs(scope)
-    return scope
-  return tied_push
-
-
-def scope_collection(collection, write=False):
-  """``Scope._collection`` (``_mutable_collection`` with ``write``) under ties."""
-  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-
-  @functools.wraps(collection)
-  def tied_collection(self, col, untied=False):
-    if not untied and ties.TIES_FLAG in self.flags:
-      return ties.collection(self, col, write)
-    return collection(self, col)
-  return tied_collection
-
-
-def scope_mutable_collection(mutable_collection):
-  return scope_collection(mutable_collection, write=True)
-
-
-def scope_param(param):
-  """``Scope.param``: a tied parameter is checked against its target's init.
-
-  Upstream, ``param`` calls ``ties.check_param`` where it has the stored value
-  and what ``init_fn`` gives, and ``ties.refuse_unknown_collection`` before it
-  raises that it found none; here ``init_fn``'s result is recorded and the
-  same calls follow Flax's return or error.
-  """
-  from flax import errors  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-
-  @functools.wraps(param)
-  def tied_param(self, name, init_fn, *init_args, **init_kwargs):
-    if ties.TIES_FLAG not in self.flags:
-      return param(self, name, init_fn, *init_args, **init_kwargs)
-    made = []
-
-    def recorded(*args, **kwargs):
-      made.append(init_fn(*args, **kwargs))
-      return made[-1]
-
-    try:
-      value = param(self, name, recorded, *init_args, **init_kwargs)
-    except errors.ScopeParamShapeError:
-      ties.check_param(self, name, self.get_variable('params', name), made[0])
-      raise
-    except (errors.ScopeParamNotFoundError, errors.ScopeCollectionNotFound):
-      ties.refuse_unknown_collection(self, name)
-      raise
-    if made:
-      ties.check_param(self, name, value, made[0])
-    return value
-  return tied_param
-
-
-def scope_variables(variables):
-  """``Scope.variables``: the names variable ties target are in it."""
-  from flax_tieext.core import tie_vars, ties  # pylint: disable=g-import-not-at-top
-
-  @functools.wraps(variables)
-  def tied_variables(self):
-    found = variables(self)
-    if ties.TIES_FLAG in self.flags:
-      found = tie_vars.tied_variables(self, found)
-    return found
-  return tied_variables
-
-
-def partial_pack(pack):
-  """``lift._partial_pack``: tie sources outside its scopes are packed too."""
-  from flax_tieext.core import tie_lift  # pylint: disable=g-import-not-at-top
-
-  @functools.wraps(pack)
-  def _partial_pack(scope_tree, in_variable_filters, out_variable_filters,
-                    rng_filters, name=None, tie_sources=None):
-    tied = tie_lift.packed(scope_tree, name, tie_sources)
-    if tied is None:
-      return pack(scope_tree, in_variable_filters, out_variable_filters,
-                  rng_filters, name)
-    scope_fn, repack_fn, variable_groups, *rest = pack(
-        tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
-        name)
-    return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
-            *rest)
-  return _partial_pack
-
-
-# -- NNX ---------------------------------------------------------------------
 # nnx.remat is patched where the installed Flax has it; a Flax without NNX
 # lacks nothing the rest of the patch needs.
 
@@ -236,14 +111,6 @@ def __getattr__(name: str) -> Any:
     except ImportError:
       pass
   return nnx_facts()[name]
-
-
-def our_nnx_remat() -> Callable[..., Any]:
-  """``flax_tieext.nnx.remat`` for the loaded ``flax.nnx``."""
-  if nnx_facts()['NNX_REMAT_MODES']:
-    from flax_tieext.nnx.transforms import autodiff  # pylint: disable=g-import-not-at-top
-    return autodiff.remat
-  return nnx_remat
 
 
 def nnx_remat(

@@ -15,8 +15,8 @@
 """The monkeypatch: installs flax_tieext's transforms into Flax, reversibly.
 
 Every replaced attribute is listed once: in :func:`_bindings`, applied by
-``install()``, in :func:`_machinery_bindings` (the tie-aware ``Scope`` and
-``pack``), applied when the first tie is declared, and in ``_ON_IMPORT``
+``install()``, in :func:`_machinery_bindings` (the hooks that make ``Scope``
+and ``pack`` tie-aware), applied at the first tie, and in ``_ON_IMPORT``
 (``nn.partitioning.remat``, ``nnx.remat``), applied when the program imports
 their modules. So a program that declares no tie runs Flax's own ``Scope``
 and imports nothing it did not import. ``install()``
@@ -24,6 +24,17 @@ records the exact original object of each binding *on the Flax module that owns
 it*, so the record survives ``importlib.reload(flax_tieext)`` and a second
 ``install()`` is a no-op; ``uninstall()`` puts every original object back (or
 deletes attributes Flax never had, such as ``flax.linen.tie``).
+
+What wraps what when a tie is made, outermost first:
+
+==========================  ===================================================
+``nn.tie``, ``lift.tie``    ``flax_tieext.linen._requires_install``: refused
+                            unless installed; binds the machinery (once)
+``ties.declare``            :func:`_activating`: binds the machinery (once), for
+                            ``flax_tieext.lift.tie``, which has no guard
+``Scope``'s methods,        the hooks of :func:`_machinery_bindings`, one per
+``lift._partial_pack``      method, each over Flax's own
+==========================  ===================================================
 """
 
 from __future__ import annotations
@@ -37,10 +48,21 @@ import threading
 from typing import Any, Callable
 import warnings
 
+from flax import errors as flax_errors
+import flax.core as flax_core
 import flax.core.lift as _core_lift
+import flax.core.scope as core_scope
+import flax.linen as nn
+import flax.linen.transforms as linen_transforms
 
 from flax_tieext import _compat
-from flax_tieext import errors
+from flax_tieext import linen as our_linen
+from flax_tieext.core import lift
+from flax_tieext.core import tie_convert
+from flax_tieext.core import tie_lift
+from flax_tieext.core import tie_vars
+from flax_tieext.core import ties
+from flax_tieext.linen import transforms
 
 AUTOPATCH_ENV = 'FLAX_TIEEXT_AUTOPATCH'
 # Where the record of originals lives: an attribute of flax.core.lift, so that
@@ -103,16 +125,6 @@ def with_import(doc: str) -> str:
 
 def _bindings() -> list[_Binding]:
   """Every attribute the patch replaces, and how to build its replacement."""
-  import flax.core as flax_core  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import flax.linen.transforms as linen_transforms  # pylint: disable=g-import-not-at-top
-
-  from flax_tieext.core import lift  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import tie_convert  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import ties  # pylint: disable=g-import-not-at-top
-  from flax_tieext import linen as our_linen  # pylint: disable=g-import-not-at-top
-  from flax_tieext.linen import transforms  # pylint: disable=g-import-not-at-top
-
   use = _Use
   return [
       # static_argnames: the transforms themselves.
@@ -130,41 +142,141 @@ def _bindings() -> list[_Binding]:
       _Binding(nn, 'tie', use(our_linen.tie)),
       _Binding(flax_core, 'tie_variables', use(tie_convert.tie_variables)),
       _Binding(flax_core, 'untie_variables', use(tie_convert.untie_variables)),
-      # ... whose first declaration brings in the machinery below.
+      # ... whose first use brings in the machinery below: their guard asks
+      # for it, and so does a declaration.
+      _Binding(our_linen, '_machinery', use(_bind_machinery)),
       _Binding(ties, 'declare', _activating),
   ]
 
 
+# ``flax.core.lift.tie``'s guard, made once: the patch binds one object.
+_guarded = functools.cache(our_linen._requires_install)  # pylint: disable=protected-access
+
+
 def _machinery_bindings() -> list[_Binding]:
-  """The shared scope machinery ties take part in, bound at the first tie.
+  """The hooks that make Flax's ``Scope`` and ``pack`` tie-aware.
 
-  Until a tie is declared no scope holds one, and every hook below would take
-  its untied path, Flax's own method: so it is not bound until then, and a
-  program that declares no tie runs Flax's own ``Scope`` and ``pack``.
+  Bound at the first tie (:func:`_bind_machinery`): until then no scope holds
+  one and every hook would take its untied path, Flax's own method, so a
+  program that makes no tie runs Flax's own ``Scope`` and ``pack``.
+
+  One hook per method, so no hook wraps another: each runs the method it is
+  bound over, Flax's own. A second hook for a method already listed would
+  wrap the one listed before it (bound in list order, undone in reverse).
   """
-  import flax.core.scope as core_scope  # pylint: disable=g-import-not-at-top
-
-  Scope = core_scope.Scope  # pylint: disable=invalid-name
+  scope = core_scope.Scope
   return [
-      _Binding(_core_lift, '_partial_pack', _compat.partial_pack),
-      # ... told what each released transform declares (upstream: its pack).
-      _Binding(_core_lift, '_partial_pack', _compat.tie_sources_by_pack_name),
-      _Binding(Scope, 'push', _compat.scope_push),
-      _Binding(Scope, 'param', _compat.scope_param),
+      _Binding(_core_lift, '_partial_pack', _partial_pack),
+      _Binding(scope, 'push', _scope_push),
+      _Binding(scope, 'param', _scope_param),
       # (module and single-variable ties alike: one hook per Scope method).
-      _Binding(Scope, '_collection', _compat.scope_collection),
-      _Binding(Scope, '_mutable_collection', _compat.scope_mutable_collection),
-      _Binding(Scope, 'variables', _compat.scope_variables),
+      _Binding(scope, '_collection', _scope_collection),
+      _Binding(scope, '_mutable_collection',
+               functools.partial(_scope_collection, write=True)),
+      _Binding(scope, 'variables', _scope_variables),
   ]
+
+
+# -- The hooks ------------------------------------------------------------------
+# Upstream, Flax's own methods make these calls into flax_tieext.core (the
+# plugin cannot edit a released Flax's method bodies): each hook runs Flax's
+# method and makes them around it when the scope holds ties.
+
+
+def _partial_pack(pack):
+  """``lift._partial_pack``: tie sources outside its scopes are packed too.
+
+  Upstream each transform passes ``pack`` what it declares of a tie source
+  outside it (``tie_sources=``); a released transform does not, so it is
+  looked up by the name the transform gives ``pack`` (``ties.BY_PACK_NAME``;
+  a transform not listed declares nothing).
+  """
+  @functools.wraps(pack)
+  def tied_partial_pack(scope_tree, in_variable_filters, out_variable_filters,
+                        rng_filters, name=None):
+    tied = tie_lift.packed(scope_tree, name, ties.BY_PACK_NAME.get(name))
+    if tied is None:
+      return pack(scope_tree, in_variable_filters, out_variable_filters,
+                  rng_filters, name)
+    scope_fn, repack_fn, variable_groups, *rest = pack(
+        tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
+        name)
+    return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
+            *rest)
+  return tied_partial_pack
+
+
+def _scope_push(push):
+  """``Scope.push``: a child under ties gets its source's rng streams."""
+  @functools.wraps(push)
+  def tied_push(self, name=None, prefix='', reuse=False):
+    scope = push(self, name, prefix, reuse)
+    if ties.TIES_FLAG in self.flags:
+      ties.share_rngs(scope)
+    return scope
+  return tied_push
+
+
+def _scope_collection(collection, write=False):
+  """``Scope._collection`` (``_mutable_collection`` with ``write``) under ties."""
+  @functools.wraps(collection)
+  def tied_collection(self, col, untied=False):
+    if not untied and ties.TIES_FLAG in self.flags:
+      return ties.collection(self, col, write)
+    return collection(self, col)
+  return tied_collection
+
+
+def _scope_param(param):
+  """``Scope.param``: a tied parameter is checked against its target's init.
+
+  Upstream, ``param`` calls ``ties.check_param`` where it has the stored value
+  and what ``init_fn`` gives, and ``ties.refuse_unknown_collection`` before it
+  raises that it found none; here ``init_fn``'s result is recorded and the
+  same calls follow Flax's return or error.
+  """
+  @functools.wraps(param)
+  def tied_param(self, name, init_fn, *init_args, **init_kwargs):
+    if ties.TIES_FLAG not in self.flags:
+      return param(self, name, init_fn, *init_args, **init_kwargs)
+    made = []
+
+    def recorded(*args, **kwargs):
+      made.append(init_fn(*args, **kwargs))
+      return made[-1]
+
+    try:
+      value = param(self, name, recorded, *init_args, **init_kwargs)
+    except flax_errors.ScopeParamShapeError:
+      ties.check_param(self, name, self.get_variable('params', name), made[0])
+      raise
+    except (flax_errors.ScopeParamNotFoundError,
+            flax_errors.ScopeCollectionNotFound):
+      ties.refuse_unknown_collection(self, name)
+      raise
+    if made:
+      ties.check_param(self, name, value, made[0])
+    return value
+  return tied_param
+
+
+def _scope_variables(variables):
+  """``Scope.variables``: the names variable ties target are in it."""
+  @functools.wraps(variables)
+  def tied_variables(self):
+    found = variables(self)
+    if ties.TIES_FLAG in self.flags:
+      found = tie_vars.tied_variables(self, found)
+    return found
+  return tied_variables
 
 
 def _activating(declare):
   """``ties.declare`` that binds the tie machinery first (once)."""
   @functools.wraps(declare)
-  def declare_with_machinery(scope, ties, collections='params'):
-    if not _machinery_bound:  # a global read: no call once bound
-      _bind_machinery()
-    return declare(scope, ties, collections)
+  def declare_with_machinery(*args, **kwargs):
+    _bind_machinery()
+    return declare(*args, **kwargs)
   return declare_with_machinery
 
 
@@ -173,25 +285,29 @@ def _activating(declare):
 _machinery_bound = False
 
 
-def _bind_machinery() -> None:
-  """Applies :func:`_machinery_bindings` to an installed patch, once."""
+def _bind_machinery() -> bool:
+  """Applies :func:`_machinery_bindings` to an installed patch, once.
+
+  Returns whether the patch is installed (the guard of ``nn.tie`` asks).
+  """
   global _machinery_bound
+  if _machinery_bound:  # a global read: no lock once bound
+    return True
   with _lock:
     record = _state()
     if record is None:
-      return
+      return False
     if not any(attr == '_partial_pack' for _, attr, _ in record):
       _apply(_machinery_bindings(), record)
     _machinery_bound = True
+    return True
 
 
 def _partitioning_bindings() -> list[_Binding]:
   """``nn.partitioning.remat``."""
   import flax.linen.partitioning as partitioning  # pylint: disable=g-import-not-at-top
 
-  from flax_tieext.linen import partitioning as ours  # pylint: disable=g-import-not-at-top
-
-  return [_Binding(partitioning, 'remat', _Use(ours.remat))]
+  return [_Binding(partitioning, 'remat', _Use(our_linen.partitioning.remat))]
 
 
 def _nnx_bindings() -> list[_Binding]:
@@ -199,7 +315,7 @@ def _nnx_bindings() -> list[_Binding]:
   aliases = _compat.nnx_facts()['NNX_REMAT_ALIASES']  # read before binding
   if not aliases:
     return []
-  remat = _compat.our_nnx_remat()
+  from flax_tieext.nnx.transforms import remat  # pylint: disable=g-import-not-at-top
   return [_Binding(owner, attr, _Use(remat)) for owner, attr in aliases]
 
 
@@ -332,8 +448,7 @@ def install() -> None:
     _bind_imported()
     # nn.partitioning.remat's docstring shows the import from now on, as the
     # docstrings of what is bound now do, bound or not (help(), the API page).
-    from flax_tieext.linen import partitioning  # pylint: disable=g-import-not-at-top
-    _Use(partitioning.remat)(_MISSING)
+    _Use(our_linen.partitioning.remat)(_MISSING)
 
 
 def _apply(bindings: list[_Binding], record: list[tuple[Any, str, Any]]):
@@ -372,63 +487,6 @@ def uninstall() -> None:
     delattr(_core_lift, _STATE_ATTR)
     for hook in _import_hooks():
       sys.meta_path.remove(hook)
-
-
-def requires_install(tie_transform: Callable[..., Any]) -> Callable[..., Any]:
-  """``tie_transform``, and what it makes, refused while the patch is not installed.
-
-  A tie lives in Flax's ``Scope`` and ``_partial_pack``, which only the
-  installed patch makes tie-aware; without them it would silently not hold.
-  So declaring a tie, binding a tied Module class made earlier, calling a
-  method of one bound earlier (or calling a tied scope function) raise
-  ``TieError`` after ``uninstall()``.
-  """
-  def refuse_unless_installed():
-    if not is_installed():
-      raise errors.TieError(
-          f'{tie_transform.__name__} needs the tie-aware Scope machinery, which'
-          f' is not installed in Flax ({AUTOPATCH_ENV}=0 was set, or'
-          ' flax_tieext.uninstall() was called). Call flax_tieext.install()'
-          ' first.')
-
-  @functools.wraps(tie_transform)
-  def guarded(*args, **kwargs):
-    refuse_unless_installed()
-    tied = tie_transform(*args, **kwargs)
-    cls = tied.func if isinstance(tied, functools.partial) else tied
-    if isinstance(cls, type) and '_tie_guarded' in vars(cls):
-      return tied  # a tied class made once, guarded then
-    if isinstance(cls, type):
-      post_init, call = cls.__post_init__, cls._call_wrapped_method
-      cls._tie_guarded = True
-
-      def __post_init__(self):  # pylint: disable=invalid-name
-        refuse_unless_installed()
-        post_init(self)
-
-      def _call_wrapped_method(self, fun, args, kwargs):
-        refuse_unless_installed()  # a module bound before uninstall()
-        if not _machinery_bound:  # ... and called after install() again
-          _bind_machinery()
-        return call(self, fun, args, kwargs)
-
-      cls.__post_init__ = __post_init__
-      cls._call_wrapped_method = _call_wrapped_method
-      return tied
-
-    @functools.wraps(tied)
-    def tied_fn(*args, **kwargs):
-      refuse_unless_installed()
-      return tied(*args, **kwargs)
-
-    return tied_fn
-  return guarded
-
-
-@functools.cache
-def _guarded(tie_transform):
-  """``requires_install(tie_transform)``, made once: the patch binds one object."""
-  return requires_install(tie_transform)
 
 
 def autopatch() -> None:

@@ -34,10 +34,9 @@ from collections.abc import Callable, Iterable
 import flax
 from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
-# In upstream partitioning.py, `nn` is `flax.linen`; `nn.transforms` is then
-# flax.linen.transforms and `nn.transforms.lift` is flax.core.lift. Here they
-# are flax_tieext's own twins of those modules.
-from flax_tieext import linen as nn
+# flax_tieext's twin of flax.linen.transforms (whose `lift` is flax.core.lift's
+# twin), where upstream partitioning.py reaches it as `nn.transforms`.
+from flax_tieext.linen import transforms
 # pylint: enable=g-importing-member,unused-import
 
 
@@ -48,7 +47,7 @@ def core_remat_static(fn, variables=True, rngs=True, concrete=False,
   ``lift.checkpoint``, which closes over static arguments as this function
   did to work around a ``scan(remat(...))`` bug of ``jax.remat``.
   """
-  return nn.transforms.lift.checkpoint(
+  return transforms.lift.checkpoint(
       fn, variables, rngs, concrete, prevent_cse, static_argnums, policy
   )
 
@@ -90,7 +89,7 @@ def remat(
     >>> variables = RematLayer().init(jax.random.key(0), jnp.ones((2, 3)))
     >>> y = RematLayer().apply(variables, jnp.ones((2, 3)), deterministic=True)
   """
-  return nn.transforms._checkpoint_lift_transform(  # pylint: disable=protected-access
+  return transforms._checkpoint_lift_transform(  # pylint: disable=protected-access
       core_remat_static, 'nn.partitioning.remat', 0, target, variables, rngs,
       concrete, prevent_cse, static_argnums, policy, methods, static_argnames,
       closes_over=True,

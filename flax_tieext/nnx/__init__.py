@@ -30,8 +30,7 @@ convert states between the tied and the untied layout.
 from flax_tieext import _compat
 # Tree mode, which tielib needs (Flax 0.12.8 and later of the matrix).
 from flax_tieext.nnx._tree_mode import TREE_MODE as _TREE_MODE
-
-remat = _compat.our_nnx_remat()
+from flax_tieext.nnx.transforms import remat as remat
 
 if _TREE_MODE:
   from flax_tieext.nnx.tielib import tie, tie_state, untie_state  # pylint: disable=g-import-not-at-top

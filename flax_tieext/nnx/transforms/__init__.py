@@ -12,4 +12,16 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""NNX transforms extended by flax_tieext (as in ``flax/nnx/transforms/``)."""
+"""NNX transforms extended by flax_tieext (as in ``flax/nnx/transforms/``).
+
+``remat`` is ``flax_tieext.nnx.remat``: Flax main's (``autodiff.py``) where
+the installed ``nnx.remat`` has graph and tree modes, otherwise
+``flax_tieext._compat.nnx_remat``. The patch binds it as ``nnx.remat``.
+"""
+
+from flax_tieext import _compat
+
+if _compat.NNX_REMAT_MODES:
+  from flax_tieext.nnx.transforms.autodiff import remat  # pylint: disable=g-import-not-at-top
+else:
+  remat = _compat.nnx_remat
