@@ -93,6 +93,9 @@ NEWEST_PROPERTY_EXAMPLES = '20'
 # The differential harness (tests/test_differential.py: programs run plain and
 # patched in fresh interpreters) draws 2 examples; the oldest and newest
 # releases' matrix sessions draw this many, and in `nox -s ci` only they run it.
+# Its static-argument programs (every entry point, failed calls retried, late
+# import, uninstall(); four interpreters a batch, seeded) run one batch per
+# entry point everywhere: about a minute on two cores.
 EDGE_DIFFERENTIAL_EXAMPLES = '4'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
