@@ -264,16 +264,15 @@ def _packed_from(root) -> Lift | None:
   is its first, and the pack is remembered (:class:`MetInside`).
   """
 
-  def made_root(here):
-    return any(getattr(outer, 'rng_counters', None) is root.rng_counters
-               and outer.path == root.path and outer.root is not root
-               for outer in jax.tree_util.tree_leaves(here.get('scope_tree')))
+  def outer_of(here):  # the scope root was made from, if this pack made it
+    return next((o for o in jax.tree_util.tree_leaves(here.get('scope_tree'))
+                 if getattr(o, 'rng_counters', None) is root.rng_counters
+                 and o.path == root.path and o.root is not root), None)
 
-  here = pack_frame(made_root)
+  here = pack_frame(lambda here: outer_of(here) is not None)
   if here is None:
     return None
-  outer = next(o for o in jax.tree_util.tree_leaves(here['scope_tree'])
-               if o.path == root.path)
+  outer = outer_of(here)
   name = here.get('name') or 'transform'
   sources = BY_PACK_NAME.get(name)
   return Lift(outer, (root,), name, sources is not None and sources.maps,
