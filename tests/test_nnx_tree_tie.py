@@ -552,6 +552,14 @@ def test_untie_state_is_the_state_of_the_untied_model():
       pure(untied))
 
 
+def test_untie_state_refuses_a_state_untied_already_as_linen_does():
+  tied = TiedLM(16, 8, rngs=nnx.Rngs(0))
+  state = flax_tieext.nnx.untie_state(nnx.state(tied, graph=False), TiedLM)
+  with pytest.raises(TieError, match=r"(?s)target 'head\.kernel' is already"
+                     r' in the state.*drop its values'):
+    flax_tieext.nnx.untie_state(state, TiedLM)
+
+
 def test_tie_state_loads_an_untied_checkpoint_whose_copies_agree():
   untied = SharedMLP(8, rngs=nnx.Rngs(0))
   untied.up.kernel[...] = untied.down.kernel[...]

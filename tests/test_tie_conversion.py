@@ -193,6 +193,21 @@ def test_dtype_mismatch_in_tie_variables_names_both_paths():
   assert '/b' in message and '/a' in message and 'int32' in message
 
 
+@pytest.mark.parametrize('present, missing', [
+    ({'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.zeros(2)}}, None),
+    ({'b': {'w': jnp.zeros(2)}, 'c': {'w': jnp.ones(2)}}, '/a'),
+], ids=['untied already', 'source missing'])
+def test_untie_variables_refuses_to_write_over_or_from_nothing(present, missing):
+  # Writing the source over a target already there dropped its values.
+  with pytest.raises(TieError) as info:
+    flax_tieext.untie_variables({'params': present}, {'b': 'a'})
+  message = str(info.value)
+  if missing:
+    assert_message_names(message, 'source /a is missing', ': b, c')
+  else:
+    assert_message_names(message, 'target /b is already in the variables')
+
+
 @needs_patch
 def test_tie_variables_refuses_a_target_that_differs():
   variables = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.zeros(2)}}}

@@ -168,7 +168,9 @@ def untie_variables(
     A new variable dict with every target present.
 
   Raises:
-    TieError: if a source is missing, a target inside a stack that
+    TieError: if a source is missing, a target is present already (the
+      variables are untied already: writing over it would drop its values), a
+      target inside a stack that
       ``stacks`` does not name would be written unstacked (known by the
       stacked variables stored beside the target: a stack that holds nothing
       but tied targets cannot be told from a module, so name it), ``stacks``
@@ -208,6 +210,8 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
           continue
         raise tie_errors.convert_source_missing(
             verb, tie, col, tie_errors.nearest(tree[col], tie.source))
+      if verb == 'untie' and tie_spec.walk(tree[col], tie.target):
+        raise tie_errors.convert_target_present(tie, col)  # untied already
       _check_tied_stacks(source, tie, col, stacks or {}, verb)
       if stacks is None and verb == 'untie':
         _refuse_unnamed_stack(tree[col], tie, col)

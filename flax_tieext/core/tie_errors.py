@@ -396,11 +396,24 @@ def stack_count_differs(verb: str, tie, col: str, stack: Path, layers: int,
       f'Name only stacks in stacks= ({tie.text(stack)} is not one).')
 
 
-def convert_source_missing(verb: str, tie, col: str, near: str) -> TieError:
+def convert_source_missing(verb: str, tie, col: str | None,
+                           near: str) -> TieError:
+  held = 'variables' if tie.collections is not None else 'state'
   return TieError(
-      f'Cannot {verb} {text(tie.target)} and {text(tie.source)} in collection'
-      f' {col!r}: the target is present but the source is missing from the'
-      f' variables.{near} Fix the source path in the ties.')
+      f'Cannot {verb} the {tie.describe(col)}: its source'
+      f' {tie.text(tie.source)} is missing from the {held}.{near} Fix the'
+      ' source path in the ties.')
+
+
+def convert_target_present(tie, col: str | None) -> TieError:
+  held = ('variables, which are' if tie.collections is not None else
+          'state, which is')
+  return TieError(
+      f'Cannot untie the {tie.describe(col)}: its target'
+      f' {tie.text(tie.target)} is already in the {held} untied already (a'
+      ' tied model stores no target); writing the source over it would drop'
+      ' its values. Pass the tied model\'s variables, or leave these as they'
+      ' are.')
 
 
 def bad_stack_count(path: str, layers) -> TieError:

@@ -665,17 +665,11 @@ def untie_state(state: nnx.State, ties,
   stacks = tie_convert._stack_paths(stacks, sep='.')  # pylint: disable=protected-access
   for record in records:
     if record.source not in flat:
-      raise TieError(
-          f'untie_state: {record.describe()}: the source'
-          f' {record.text(record.source)} is not in the state.'
-          + tie_errors.nearest(tree, record.source, sep='.')
-      )
+      raise tie_errors.convert_source_missing(
+          'untie', record, None,
+          tie_errors.nearest(tree, record.source, sep='.'))
     if record.target in flat:
-      raise TieError(
-          f'untie_state: {record.describe()}: the target'
-          f' {record.text(record.target)} is already in the state, which is'
-          ' then untied already.'
-      )
+      raise tie_errors.convert_target_present(record, None)
     # A target inside a stack, its source outside: named, or refused.
     stack = next(((path, n) for path, n in (stacks or {}).items()
                   if tie_spec.is_within(record.target[:-1], path)
