@@ -332,3 +332,49 @@ def test_tie_inside_nn_jit_reads_the_current_source_and_traces_once(init_first):
       jax.grad(functools.partial(loss, reference))(to_reference(variables)))
 
 
+
+
+class DecoratedBlock(nn.Module):
+  """The user's block with ``nn.jit`` as a method decorator."""
+
+  idx: int
+
+  @nn.jit
+  @nn.compact
+  def __call__(self, x):
+    attn = SelfAttention if self.idx == 0 else nn.tie(
+        SelfAttention, {'.': SOURCE}, collections='graph')
+    return x + nn.Dense(D, name='ff')(attn(name='SelfAttention')(x))
+
+
+class DecoratedEncoder(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      x = DecoratedBlock(i, name=f'block_{i}')(x)
+    return x
+
+
+@pytest.mark.parametrize('root_tie', [False, True],
+                         ids=['alone', 'with a tie in force at the root'])
+def test_tie_inside_a_jitted_method_reads_the_current_source(root_tie):
+  # With a tie in force at the root, nn.jit packs with ties (and records its
+  # outer scopes): the tie declared inside is met there just the same.
+  root_ties = {'block_2/ff': 'block_1/ff'} if root_tie else {}
+  tied = nn.tie(DecoratedEncoder, root_ties)() if root_tie else (
+      DecoratedEncoder())
+  variables = tied.init(jax.random.key(0), X)
+
+  def by_hand(v):  # one mask, each block's (or its source's) ff
+    y, mask = X, v['graph']['block_0']['SelfAttention']['mask']
+    for i in range(3):
+      ff = v['params'][root_ties.get(f'block_{i}/ff', f'block_{i}/ff')
+                       .split('/')[0]]['ff']
+      y = y + (y @ (0.5 * mask)) @ ff['kernel'] + ff['bias']
+    return y
+
+  for _ in range(3):
+    variables = perturbed(variables)
+    np.testing.assert_allclose(tied.apply(variables, X), by_hand(variables),
+                               rtol=1e-5, atol=1e-6)
