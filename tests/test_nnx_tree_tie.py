@@ -552,11 +552,15 @@ def test_untie_state_is_the_state_of_the_untied_model():
       pure(untied))
 
 
-def test_untie_state_refuses_a_state_untied_already_as_linen_does():
+def test_untie_state_of_a_state_untied_already_keeps_or_refuses_as_linen():
   tied = TiedLM(16, 8, rngs=nnx.Rngs(0))
   state = flax_tieext.nnx.untie_state(nnx.state(tied, graph=False), TiedLM)
+  again = flax_tieext.nnx.untie_state(state, TiedLM)  # nothing to drop
+  jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(again),
+               nnx.to_pure_dict(state))
+  state['head']['kernel'].set_value(state['head']['kernel'].get_value() + 1)
   with pytest.raises(TieError, match=r"(?s)target 'head\.kernel' is already"
-                     r' in the state.*drop its values'):
+                     r' in the state.*other values.*would drop them'):
     flax_tieext.nnx.untie_state(state, TiedLM)
 
 

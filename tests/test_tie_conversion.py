@@ -196,16 +196,22 @@ def test_dtype_mismatch_in_tie_variables_names_both_paths():
 @pytest.mark.parametrize('present, missing', [
     ({'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.zeros(2)}}, None),
     ({'b': {'w': jnp.zeros(2)}, 'c': {'w': jnp.ones(2)}}, '/a'),
-], ids=['untied already', 'source missing'])
+], ids=['untied already, trained apart', 'source missing'])
 def test_untie_variables_refuses_to_write_over_or_from_nothing(present, missing):
-  # Writing the source over a target already there dropped its values.
+  # Writing the source over a target that differs dropped its values.
   with pytest.raises(TieError) as info:
     flax_tieext.untie_variables({'params': present}, {'b': 'a'})
   message = str(info.value)
   if missing:
     assert_message_names(message, 'source /a is missing', ': b, c')
   else:
-    assert_message_names(message, 'target /b is already in the variables')
+    assert_message_names(message, 'target /b is already in the variables',
+                         'other values')
+
+
+def test_untie_variables_of_variables_untied_already_keeps_them():
+  untied = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}}}
+  assert_trees_equal(flax_tieext.untie_variables(untied, {'b': 'a'}), untied)
 
 
 @needs_patch

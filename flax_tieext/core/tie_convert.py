@@ -168,9 +168,9 @@ def untie_variables(
     A new variable dict with every target present.
 
   Raises:
-    TieError: if a source is missing, a target is present already (the
-      variables are untied already: writing over it would drop its values), a
-      target inside a stack that
+    TieError: if a source is missing, a target is present (untied already)
+      with other values than its source gives it (writing over it would drop
+      them), a target inside a stack that
       ``stacks`` does not name would be written unstacked (known by the
       stacked variables stored beside the target: a stack that holds nothing
       but tied targets cannot be told from a module, so name it), ``stacks``
@@ -180,9 +180,13 @@ def untie_variables(
   out = _unfreeze(variables)
   # Outer targets first: a tied path inside a target's source is written
   # after the target, over what its source holds there.
-  for tie, col, value, stack in sorted(
-      _viewed_sources(out, ties, collections, 'untie', stacks),
-      key=lambda found: len(found[0].target)):
+  found = sorted(_viewed_sources(out, ties, collections, 'untie', stacks),
+                 key=lambda found: len(found[0].target))
+  for tie, col, value, stack in found:  # untied already: only as written
+    present = tie_spec.walk(out[col], tie.target)
+    if present and not _holds(tie, col, present, value, stack):
+      raise tie_errors.convert_target_present(tie, col)
+  for tie, col, value, stack in found:
     if stack is not None:
       value = jax.tree_util.tree_map(
           lambda x, n=stack[1]: _stacked(x, n), value, is_leaf=tie_spec.is_box)
@@ -210,8 +214,6 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
           continue
         raise tie_errors.convert_source_missing(
             verb, tie, col, tie_errors.nearest(tree[col], tie.source))
-      if verb == 'untie' and tie_spec.walk(tree[col], tie.target):
-        raise tie_errors.convert_target_present(tie, col)  # untied already
       _check_tied_stacks(source, tie, col, stacks or {}, verb)
       if stacks is None and verb == 'untie':
         _refuse_unnamed_stack(tree[col], tie, col)
@@ -289,8 +291,9 @@ def _refuse_unnamed_stack(tree, tie, col):
     if tie_spec.is_within(tie.source, tie.target[:depth]):
       return
     node = tie_spec.walk(tree, tie.target[:depth])
-    leaves = [np.shape(tie_spec.unbox(x)) for _, x in tie_spec.flatten(node)
-              ] if isinstance(node, Mapping) else []
+    leaves = [np.shape(tie_spec.unbox(x)) for path, x in tie_spec.flatten(node)
+              if not tie_spec.is_within(tie.target[:depth] + path, tie.target)
+              ] if isinstance(node, Mapping) else []  # beside the target
     lengths = {s[0] for s in leaves if s}
     if len(leaves) and len(lengths) == 1 and all(
         len(s) > 0 for s in leaves) and not any(
@@ -376,6 +379,17 @@ def _check_like(tie, col: str, target, expected, stack=None):
       raise tie_errors.not_equal(
           tie, col, f'shape or dtype of {leaf} differ'
           f' ({x_shape}:{x_dtype} vs {y_shape}:{y_dtype}).' + hint)
+
+
+def _holds(tie, col: str, target, expected, stack) -> bool:
+  """Whether a stored target equals what its source gives it."""
+  try:
+    _check_like(tie, col, target, expected, stack)
+  except tie_errors.TieError:
+    return False
+  return all(_compare(tie_spec.unbox(x), tie_spec.unbox(y),
+                      stack is not None)[0].all()
+             for _, x, y in _leaf_pairs(target, expected))
 
 
 @dataclasses.dataclass

@@ -410,10 +410,10 @@ def convert_target_present(tie, col: str | None) -> TieError:
           'state, which is')
   return TieError(
       f'Cannot untie the {tie.describe(col)}: its target'
-      f' {tie.text(tie.target)} is already in the {held} untied already (a'
-      ' tied model stores no target); writing the source over it would drop'
-      ' its values. Pass the tied model\'s variables, or leave these as they'
-      ' are.')
+      f' {tie.text(tie.target)} is already in the {held} untied already, and'
+      ' holds other values than its source gives it; writing the source over'
+      ' it would drop them. Pass the tied model\'s variables, or keep these'
+      ' as they are.')
 
 
 def bad_stack_count(path: str, layers) -> TieError:

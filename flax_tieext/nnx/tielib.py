@@ -655,7 +655,8 @@ def untie_state(state: nnx.State, ties,
       per layer. ``{}`` says that no tie has such a target.
 
   Raises:
-    TieError: a source missing from ``state``, a target already in it, or a
+    TieError: a source missing from ``state``, a target already in it with
+      other values than its source gives it, or a
       target inside a stack that ``stacks`` does not name (known by the
       stacked Variables beside it), which would be written unstacked.
   """
@@ -668,8 +669,6 @@ def untie_state(state: nnx.State, ties,
       raise tie_errors.convert_source_missing(
           'untie', record, None,
           tie_errors.nearest(tree, record.source, sep='.'))
-    if record.target in flat:
-      raise tie_errors.convert_target_present(record, None)
     # A target inside a stack, its source outside: named, or refused.
     stack = next(((path, n) for path, n in (stacks or {}).items()
                   if tie_spec.is_within(record.target[:-1], path)
@@ -692,6 +691,12 @@ def untie_state(state: nnx.State, ties,
     if stack is not None:  # as nnx.vmap stacks: a new unnamed axis 0
       value = tie_convert._stacked(value, stack[1])  # pylint: disable=protected-access
       names = {k: (None, *v) for k, v in names.items()}
+    if record.target in flat:  # untied already: only as it would be written
+      have = flat[record.target].get_value()
+      if (jax.numpy.shape(have) != value.shape or have.dtype != value.dtype
+          or not bool(jax.numpy.array_equal(have, value))):
+        raise tie_errors.convert_target_present(record, None)
+      continue
     flat[record.target] = source.replace(value)
     if names:
       flat[record.target].set_metadata(**names)
