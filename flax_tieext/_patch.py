@@ -311,12 +311,24 @@ def _partitioning_bindings() -> list[_Binding]:
 
 
 def _nnx_bindings() -> list[_Binding]:
-  """``nnx.remat``, under every name Flax exports it by (none without NNX)."""
+  """``nnx.remat``, under every name Flax exports it by (none without NNX).
+
+  With tree mode (NNX ties), also ``nnx.scan``, which then names a tied
+  source it slices (``tielib.checked_scan``).
+  """
   aliases = _compat.nnx_facts()['NNX_REMAT_ALIASES']  # read before binding
   if not aliases:
     return []
-  from flax_tieext.nnx.transforms import remat  # pylint: disable=g-import-not-at-top
-  return [_Binding(owner, attr, _Use(remat)) for owner, attr in aliases]
+  # pylint: disable=g-import-not-at-top
+  from flax_tieext.nnx import _tree_mode
+  from flax_tieext.nnx.transforms import remat
+  # pylint: enable=g-import-not-at-top
+  bindings = [_Binding(owner, attr, _Use(remat)) for owner, attr in aliases]
+  if _tree_mode.TREE_MODE:
+    from flax_tieext.nnx import tielib  # pylint: disable=g-import-not-at-top
+    bindings.append(
+        _Binding(sys.modules[_compat.NNX], 'scan', tielib.checked_scan))
+  return bindings
 
 
 # Modules the patch does not import, each with its bindings, applied right

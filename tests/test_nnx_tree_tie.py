@@ -460,6 +460,52 @@ def test_a_broadcast_source_sliced_by_a_transform_is_refused():
     step(X, model)
 
 
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('scanned', ['decorator', 'call', 'bare'])
+def test_a_broadcast_source_sliced_against_a_stack_of_another_length_is_refused(
+    scanned):
+  # 3 layers, a 4x4 mask: jax.lax.scan refuses before the body runs ("scan
+  # got values with different leading axis sizes: 3, 3, 4", no path); the
+  # patched nnx.scan names the tie instead, from JAX's error.
+  model = TiedStackedEncoder(3, 8, 4, rngs=nnx.Rngs(0))
+
+  def body(x, encoder):
+    return encoder.blocks(x, deterministic=True)
+
+  step = {
+      'decorator': lambda: nnx.scan(in_axes=(nnx.Carry, 0),
+                                    out_axes=nnx.Carry, graph=False)(body),
+      'call': lambda: nnx.scan(body, in_axes=(nnx.Carry, 0),
+                               out_axes=nnx.Carry, graph=False),
+      # Flax's default in_axes, (Carry, 0), slices the whole model too.
+      'bare': lambda: nnx.scan(body, out_axes=nnx.Carry, graph=False),
+  }[scanned]()
+  with pytest.raises(TieError, match=r"'mask' lies outside the stack 'blocks'"
+                     r'.*nnx.scan, in_axes 0.*\{Mask: None, \.\.\.: 0\}') as info:
+    step(X, model)
+  assert 'different leading axis sizes: 3, 3, 4' in str(info.value.__cause__)
+
+
+@pytest.mark.needs_patch
+def test_a_scan_error_that_is_not_a_tied_source_passes_unchanged():
+  # The mask broadcast as it should be, an input of the wrong length: the
+  # patched nnx.scan raises JAX's error as Flax's own nnx.scan does.
+  model = TiedStackedEncoder(3, 8, 4, rngs=nnx.Rngs(0))
+  xs = jnp.ones((4, 2, 4, 8))
+
+  def body(x, encoder, extra):
+    return encoder.blocks(x + extra, deterministic=True)
+
+  errors = []
+  for scan in (nnx.scan, nnx.scan.__wrapped__):  # patched, Flax's
+    with pytest.raises(ValueError, match='different leading axis') as info:
+      scan(body, in_axes=(nnx.Carry, model.axes(), 0), out_axes=nnx.Carry,
+           graph=False)(X, model, xs)
+    errors.append(info.value)
+  assert [type(e) for e in errors] == [ValueError, ValueError]
+  assert str(errors[0]) == str(errors[1]) and errors[0].__cause__ is None
+
+
 def test_a_stack_of_tied_modules_maps_whole():
   @nnx.vmap(graph=False)
   def make(key):

@@ -44,6 +44,7 @@ from flax.nnx import reprlib
 from flax.nnx import variablelib
 
 from flax.core import meta
+from flax.typing import Missing
 
 from flax_tieext.core import tie_convert
 from flax_tieext.core import tie_errors
@@ -362,15 +363,83 @@ def _check_broadcast(module, record: Tie, source, rank: int):
   shape = getattr(source.get_raw_value(), 'shape', None) if isinstance(
       source, nnx.Variable) else None
   if shape is not None and len(shape) < rank:
-    raise TieError(
-        f'{type(module).__name__}: {record.describe()}: the source'
-        f' {record.text(record.source)} lies outside the stack'
-        f' {record.text(record.target[:-1])} and is broadcast into it, but a'
-        f' transform sliced it (rank {rank} -> {len(shape)}), so each slice'
-        ' would read a part of it. Give it None in the transform\'s prefix,'
-        f' e.g. in_axes=nnx.prefix(model, {{{type(source).__name__}: None,'
-        ' ...: 0}, graph=False).'
-    )
+    raise _sliced(module, record, source, f'rank {rank} -> {len(shape)}')
+
+
+def _sliced(module, record: Tie, source, how: str) -> TieError:
+  return TieError(
+      f'{type(module).__name__}: {record.describe()}: the source'
+      f' {record.text(record.source)} lies outside the stack'
+      f' {record.text(record.target[:-1])} and is broadcast into it, but a'
+      f' transform sliced it ({how}), so each slice would read a part of it.'
+      ' Give it None in the transform\'s prefix, e.g.'
+      f' in_axes=nnx.prefix(model, {{{type(source).__name__}: None, ...: 0}},'
+      ' graph=False).'
+  )
+
+
+def checked_scan(scan):
+  """``nnx.scan`` that names a tied source it slices where JAX cannot.
+
+  A source broadcast into a stack (see :func:`tie`) must be given None in
+  the scan's prefix. When it is not, and its leading axis matches the
+  stack's, the rebuild inside the scan refuses it (:func:`_check_broadcast`);
+  when the lengths differ, ``jax.lax.scan`` refuses first, with the leading
+  sizes of every sliced leaf and no path. This wrapper only looks on that
+  error: it raises the tie's own ``TieError`` from it, or lets it pass.
+  """
+
+  @functools.wraps(scan)
+  def scan_naming_ties(f=Missing, **kwargs):
+    if f is Missing:  # as a decorator with arguments
+      return functools.partial(scan_naming_ties, **kwargs)
+    scanned = scan(f, **kwargs)
+
+    @functools.wraps(scanned)
+    def call(*args):
+      try:
+        return scanned(*args)
+      except ValueError as error:
+        sliced = _sliced_source(kwargs.get('in_axes', (nnx.Carry, 0)), args)
+        if sliced is None:
+          raise
+        raise sliced from error
+
+    return call
+
+  return scan_naming_ties
+
+
+def _sliced_source(in_axes, args) -> TieError | None:
+  """The error for the first broadcast source that ``in_axes`` slices."""
+  broadcast = {}  # id of a broadcast source -> (module, its tie)
+  for module in jax.tree.leaves(args, is_leaf=lambda x: isinstance(
+      x, nnx.Pytree) and _BROADCAST_RANKS in vars(x)):
+    for record, rank in zip(getattr(module, '_tieext_ties', ()),
+                            vars(module).get(_BROADCAST_RANKS, ())):
+      if rank is not None:
+        broadcast[id(_get(module, record.source))] = module, record
+  if not broadcast:
+    return None
+  found = []
+
+  def visit(path, axis, leaf):
+    del path
+    if axis is not None and axis is not nnx.Carry and id(leaf) in broadcast:
+      found.append((axis, leaf))
+
+  try:  # the prefix matching nnx.scan does (Flax's own, as its releases have it)
+    from flax.nnx import extract  # pylint: disable=g-import-not-at-top
+    extract.broadcast_prefix_map(
+        visit, in_axes, args, is_leaf=lambda x: isinstance(x, nnx.Variable),
+        prefix_leaf=lambda x: x is None or x is nnx.Carry)
+  except Exception:  # pylint: disable=broad-except
+    return None  # a prefix this Flax reads otherwise: JAX's error stands
+  if not found:
+    return None
+  axis, source = found[0]
+  module, record = broadcast[id(source)]
+  return _sliced(module, record, source, f'nnx.scan, in_axes {axis}')
 
 
 # --------------------------------------------------------------------------
