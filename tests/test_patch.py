@@ -219,6 +219,31 @@ def test_nnx_remat_is_patched_when_the_program_imports_flax_nnx():
   assert result.stdout.split() == ['True']
 
 
+@pytest.mark.own_patch_mode
+def test_nnx_scan_wrapper_is_bound_once_and_uninstalled():
+  # With NNX ties (tree mode), nnx.scan is wrapped to name a tied source it
+  # slices; install() twice wraps it once, uninstall() gives Flax's back.
+  pytest.importorskip('flax.nnx', exc_type=ImportError)
+  result = run_python("""
+      from flax import nnx
+      from flax.nnx.transforms import iteration
+      import flax_tieext
+      from flax_tieext.nnx import _tree_mode
+      print(_tree_mode.TREE_MODE)
+      if _tree_mode.TREE_MODE:
+        print(nnx.scan.__wrapped__ is iteration.scan)
+        flax_tieext.uninstall()
+        print(nnx.scan is iteration.scan)
+        flax_tieext.install()
+        flax_tieext.install()
+        print(nnx.scan.__wrapped__ is iteration.scan)
+  """, FLAX_TIEEXT_AUTOPATCH='1')
+  assert result.returncode == 0, result.stderr
+  if result.stdout.split() == ['False']:
+    pytest.skip(f'Flax {_compat.FLAX_VERSION}: no NNX tree mode, no NNX ties')
+  assert result.stdout.split() == ['True'] * 4
+
+
 @pytest.mark.needs_patch
 def test_every_flax_name_the_patch_binds_is_the_plugin_object():
   # Why the other test files call flax_tieext's objects only: installed, they
