@@ -27,8 +27,6 @@ replaced when your program imports it.
 
 __version__ = '0.1.0.dev0'
 
-# First: the transforms build its resolver (core._static_args.resolver).
-from flax_tieext import _static_args_diagnostics  # pylint: disable=unused-import
 from flax_tieext import core as core
 from flax_tieext import linen as linen
 from flax_tieext.core import lift as lift

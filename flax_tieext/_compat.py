@@ -124,7 +124,7 @@ def nnx_remat(
   """``nnx.remat`` with ``static_argnames``, for an ``nnx.remat`` without modes.
 
   Flax 0.8.5 to 0.12.0: the release's own ``nnx.remat`` of ``f``, with the
-  static arguments resolved by ``_static_args.resolver``, as Flax main's
+  static arguments resolved by ``_static_args.StaticArgs``, as Flax main's
   does, and closed over at each call. Used as a decorator too, which Flax
   0.8's ``nnx.remat`` is not.
   """
@@ -132,7 +132,7 @@ def nnx_remat(
     return functools.partial(
         nnx_remat, prevent_cse=prevent_cse, static_argnums=static_argnums,
         static_argnames=static_argnames, policy=policy)
-  statics = _static_args.resolver(
+  statics = _static_args.StaticArgs(
       f, static_argnums, static_argnames, transform='nnx.remat',
       supplies_first=False)
   remat = functools.partial(

@@ -56,7 +56,9 @@ import flax.linen as nn
 import flax.linen.transforms as linen_transforms
 
 from flax_tieext import _compat
+from flax_tieext import _static_args_diagnostics as diagnostics
 from flax_tieext import linen as our_linen
+from flax_tieext.core import _static_args
 from flax_tieext.core import lift
 from flax_tieext.core import tie_convert
 from flax_tieext.core import tie_lift
@@ -136,6 +138,9 @@ def _bindings() -> list[_Binding]:
       _Binding(nn, 'checkpoint', use(transforms.checkpoint)),
       _Binding(nn, 'remat', use(transforms.remat)),
       # (nn.partitioning.remat and nnx.remat: _ON_IMPORT, once imported.)
+      # static_argnames' diagnostics: the resolver's errors explained.
+      _Binding(_static_args.StaticArgs, '__init__', diagnostics.explained_init),
+      _Binding(_static_args.StaticArgs, 'apply', diagnostics.explained_apply),
       # tie: the new transforms ...
       _Binding(_core_lift, 'tie', use(_guarded(lift.tie))),
       _Binding(linen_transforms, 'tie', use(our_linen.tie)),

@@ -14,8 +14,11 @@
 
 """Static-argument mistakes explained in the terms of the user's signature.
 
-:class:`DiagnosedStaticArgs` is ``flax_tieext.core._static_args.StaticArgs`` with
-errors that teach: a name that is not a parameter gets the nearest one, an
+``install()`` binds :func:`explained_init` and :func:`explained_apply` over
+``StaticArgs.__init__`` and ``StaticArgs.apply`` of
+``flax_tieext.core._static_args``, whose errors are short and state their
+facts (``static_arg``). Where such an error leaves ``apply``, it gets a
+message that teaches: a name that is not a parameter gets the nearest one, an
 index out of range gets the signature numbered as the transform counts. Those
 raise at the first call, as ``jax.checkpoint``'s own do. Everything else is a
 note on an error that happens anyway, which keeps its type: a JAX
@@ -28,6 +31,7 @@ Flax accepts works.
 
 # pylint: disable=g-importing-member,unused-import
 import difflib
+import functools
 import re
 
 import jax
@@ -63,469 +67,506 @@ def _describe_array(x):
   return f'an array of shape {tuple(x.shape)} and dtype {x.dtype}'
 
 
-class DiagnosedStaticArgs(static_args.StaticArgs):
-  """:class:`StaticArgs` whose errors name the parameter, the fix and why.
+_BY_NAME = ' To make arguments static by name, use static_argnames.'
+
+
+def explained_init(init):
+  """``StaticArgs.__init__``: Flax's own TypeError gets a note of ours."""
+
+  @functools.wraps(init)
+  def diagnosed_init(self, *args, **kwargs):
+    try:
+      init(self, *args, **kwargs)
+    except TypeError as e:  # nn.checkpoint shifts static_argnums, as Flax
+      _add_note(e, _flax_type_note(self))
+      raise
+
+  return diagnosed_init
+
+
+def explained_apply(apply):
+  """``StaticArgs.apply``: its errors name the parameter, the fix and why.
 
   Example::
 
+    >>> from flax_tieext.core._static_args import StaticArgs
     >>> def dense(scope, x, train=False):
     ...   return x
     ...
-    >>> statics = DiagnosedStaticArgs(dense, static_argnames='trian')
-    >>> statics.split((1.0,), {})  # the first call resolves the arguments
+    >>> statics = StaticArgs(dense, static_argnames='trian')
+    >>> statics.apply(lambda *call: None, (1.0,), {})  # resolved at a call
     Traceback (most recent call last):
       ...
     ValueError: checkpoint: static_argnames contains 'trian', which is not a parameter of dense(scope, x, train=False).
     Did you mean static_argnames='train'?
     The parameters that can be static are: x, train.
-
-  Args:
-    fn: as for :class:`StaticArgs`.
-    static_argnums: as for :class:`StaticArgs`.
-    static_argnames: as for :class:`StaticArgs`.
-    **kwargs: as for :class:`StaticArgs`.
   """
 
-  def __init__(self, *args, **kwargs):
+  @functools.wraps(apply)
+  def diagnosed_apply(self, f, args, kwargs):
     try:
-      super().__init__(*args, **kwargs)
-    except TypeError as e:  # nn.checkpoint shifts static_argnums, as Flax
-      _add_note(e, self._flax_type_note())
+      return apply(self, f, args, kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      _explain(self, e, args, kwargs)
       raise
 
-  def _type_error(self, name, value):
-    return super()._type_error(name, value) + (
-        ' To make arguments static by name, use static_argnames.'
-        if name == 'static_argnums' else '')
+  return diagnosed_apply
 
-  def _flax_meaning_note(self):
-    """Why an index of Flax's own meaning may have missed the flag meant."""
-    return (
-        f'{self.transform}: static_argnums={self.given["static_argnums"]!r}'
-        ' names no parameter here (it is negative, not a Python int, or'
-        ' the slot of the argument the transform passes itself), so it keeps'
-        " Flax's own meaning: "
-        + ('Flax ignores an index that matches no argument of the call (a'
-           ' negative one never does), so it may make nothing static.'
-           if self.closes_over else
-           'jax.checkpoint counts it over the arguments Flax passes it, which'
-           ' start with the variables.')
-        + ' Name the argument instead, which also covers keyword and omitted'
-        " calls: static_argnames='<name>'."
-    )
 
-  def _flax_type_note(self):
-    """Our word on Flax's own TypeError for a ``static_argnums`` not of ints."""
-    value = self.given['static_argnums']
-    ints = (value,) if isinstance(value, int) else value
-    try:
-      if all(isinstance(i, int) for i in ints):
-        return None
-    except TypeError:  # not iterable
-      pass
-    return self._type_error('static_argnums', value)
+def _explain(spec, error, args, kwargs):
+  """Explains ``error``, raised by ``spec.apply(f, args, kwargs)``, in place.
 
-  # -- the arguments given --------------------------------------------------
-
-  def _index_error(self, i):
-    return super()._index_error(i) + '\n' + self._numbering() + (
-        self._name_it_instead())
-
-  def _name_error(self, name):
-    param = self.signature.parameters.get(name)
-    if not name.isidentifier():
-      # Such as '*args[0]', the label an earlier message of ours gave an
-      # extra positional argument: **kwargs would accept it and never use it.
-      by_position = (
-          f' An extra positional argument that *{self.var_positional}'
-          ' collects has no name: make it static by position with'
-          f' static_argnums={self._var_positional_index(name)}.\n'
-          + self._numbering()
-          if self.var_positional and name.startswith('*')
-          else ' The parameters that can be static are: '
-          + ', '.join(self._nameable()) + '.'
-      )
-      return (
-          f'{self.transform}: static_argnames contains {name!r}, which is not'
-          f' a parameter name of {self.display}.' + by_position
-      )
-    if param is not None:
-      star = param.kind is param.VAR_POSITIONAL
-      return (
-          f"{self.transform}: static_argnames contains '{name}', the"
-          f' {"*" if star else "**"}{name} parameter of {self.display}. It'
-          ' collects several arguments and cannot be static as a whole: name'
-          ' the individual keyword arguments instead'
-          + (', or use static_argnums for extra positional arguments.'
-             if star else '.')
-      )
-    if name == self.leading:
-      return (
-          f"{self.transform}: static_argnames contains '{name}', the first"
-          f' parameter of {self.display}. The transform passes it on by'
-          ' itself; it cannot be static. Remove it from static_argnames.'
-      )
-    candidates = self._nameable()
-    close = difflib.get_close_matches(name, candidates, n=1)
-    return (
-        f"{self.transform}: static_argnames contains '{name}', which is not"
-        f' a parameter of {self.display}.\n'
-        + (f'Did you mean static_argnames={close[0]!r}?\n' if close else '')
-        + ('The parameters that can be static are: '
-           + ', '.join(candidates) + '.' if candidates else
-           f'{self.display.split("(")[0]} takes no arguments that could be'
-           ' static.')
-    )
-
-  @staticmethod
-  def _nowhere(specs, key):
-    kind, item = key
-    unknown = kind == 'static_argnames' and not any(
-        item == spec.leading or item in spec.signature.parameters
-        for spec in specs
-    )
-    if not unknown or len(specs) == 1:
-      return specs[0].unresolved[key]
-    candidates = list(dict.fromkeys(n for s in specs for n in s._nameable()))  # pylint: disable=protected-access
-    close = difflib.get_close_matches(item, candidates, n=1)
-    return (
-        f"{specs[0].transform}: static_argnames contains '{item}', which is"
-        ' not a parameter of any of the wrapped methods:\n'
-        + ''.join(f'  {spec.display}\n' for spec in specs)
-        + (f'Did you mean static_argnames={close[0]!r}?\n' if close else '')
-        + 'The parameters that can be static are: '
-        + ', '.join(candidates) + '.'
-    )
-
-  def _nameable(self):
-    return [
-        p.name for p in self.signature.parameters.values()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-
-  def _var_positional_index(self, label):
-    """``static_argnums`` index of ``'*args[k]'`` (k = 0 for any other label)."""
-    match = re.search(r'\[(\d+)\]', label)
-    k = int(match.group(1)) if match else 0
-    return len(self.positional) + self.first_index + k
-
-  def _make_static(self, labels):
-    """The argument that makes ``labels`` static: names, or indices into *args."""
-    names = [l for l in labels if not l.startswith('*')]
-    nums = [self._var_positional_index(l) for l in labels if l.startswith('*')]
-    parts = []
-    if names:
-      parts.append(f'static_argnames={_static_argnames_code(names)}')
-    if nums:
-      parts.append(
-          'static_argnums='
-          + (str(nums[0]) if len(nums) == 1 else repr(tuple(nums)))
-      )
-    return ' and '.join(parts)
-
-  def _numbering(self, mark=None):
-    """The signature, one parameter a line, in this transform's numbering."""
-    fn_name = self.display.split('(')[0]
-    if self.leading is None:
-      head = f'{self.transform} numbers the arguments of {fn_name} so:'
-    elif self.first_index == 1:
-      head = f'{self.transform} counts `{self.leading}` as 0 in static_argnums:'
+  The resolver's own error (its facts in ``static_arg``) gets our message,
+  once: an ``apply`` around this one finds it explained. Any other error gets
+  a note: nothing here refuses a call that Flax accepts.
+  """
+  facts = getattr(error, 'static_arg', None)
+  if facts is not None:
+    del error.static_arg
+    kind, fact = facts
+    if kind == 'type':
+      message = error.args[0] + (_BY_NAME if fact == 'static_argnums' else '')
+    elif kind == 'call':
+      message = _call_index_error(spec, fact, args)
     else:
-      head = (
-          f'{self.transform} does not count `{self.leading}` in'
-          ' static_argnums; the first argument after it is 0:'
-      )
-    n = len(self.positional)
-    rows = []
-    if self.leading is not None:
-      index = '0' if self.first_index == 1 else '-'
-      rows.append((index, '', self.leading, 'cannot be static'))
-    for param in self.signature.parameters.values():
-      note = 'static' if param.name in self.names else ''
-      if param.name == mark:
-        note = '<- ' + self.names.get(mark, 'static')
-      if param.kind <= param.POSITIONAL_OR_KEYWORD:
-        k = self.positional.index(param.name)
-        # A negative index names a parameter in nnx.remat's numbering, and
-        # with static_argnames: elsewhere it keeps Flax's meaning, counted
-        # over jax.checkpoint's arguments (the variables first).
-        neg = '' if self.var_positional or (
-            self.supplies_first and not self.static_argnames) else str(k - n)
-        rows.append((str(k + self.first_index), neg, str(param), note))
-      elif param.kind is param.VAR_POSITIONAL:
-        rows.append((f'{n + self.first_index}+', '', str(param), note))
-      else:
-        rows.append(('-', '', str(param), note or 'by name only'))
-    lines = [head]
-    for index, neg, text, note in rows:
-      numbers = f'{index:>4} | {neg:<3}' if neg else f'{index:>4}      '
-      lines.append(f'  {numbers} {text}' + (f'    ({note})' if note else ''))
-    return '\n'.join(lines) + '\n'
+      message = _unresolved(spec.group, fact)
+    error.args = (message,)
+  elif spec.as_flax:  # Flax's own static_argnums: nothing resolved to explain
+    if isinstance(error, _TRACED):
+      _add_note(error, _flax_meaning_note(spec))
+    elif isinstance(error, TypeError):
+      _add_note(error, _flax_type_note(spec))
+  elif isinstance(error, _TRACED):
+    _explain_concretization_error(spec, error, args, kwargs)
+  elif isinstance(error, TypeError):
+    _add_note(error, _str_note(spec, args, kwargs))
+  elif isinstance(error, ValueError):
+    # An array in a static slot used in Python control flow.
+    if 'truth value of an array' in str(error):
+      _note_static_arrays(spec, error, args, kwargs)
+  elif isinstance(error, flax_errors.AssignSubModuleError):
+    _add_note(error, _compact_note(spec))
 
-  def _name_it_instead(self, received=None):
-    candidate = self._probable_flag(None, received or {})
-    example = repr(candidate) if candidate else "'<name>'"
-    return (
-        'Name the argument instead of counting, which also covers keyword'
-        f' and omitted calls: static_argnames={example}.'
+
+# A traced flag in `if` (ConcretizationTypeError), a traced count in
+# `range(n)` (TracerIntegerConversionError).
+_TRACED = (jax.errors.ConcretizationTypeError,
+           jax.errors.TracerIntegerConversionError)
+
+
+def _flax_meaning_note(spec):
+  """Why an index of Flax's own meaning may have missed the flag meant."""
+  return (
+      f'{spec.transform}: static_argnums={spec.given["static_argnums"]!r}'
+      ' names no parameter here (it is negative, not a Python int, or'
+      ' the slot of the argument the transform passes itself), so it keeps'
+      " Flax's own meaning: "
+      + ('Flax ignores an index that matches no argument of the call (a'
+         ' negative one never does), so it may make nothing static.'
+         if spec.closes_over else
+         'jax.checkpoint counts it over the arguments Flax passes it, which'
+         ' start with the variables.')
+      + ' Name the argument instead, which also covers keyword and omitted'
+      " calls: static_argnames='<name>'."
+  )
+
+
+def _flax_type_note(spec):
+  """Our word on Flax's own TypeError for a ``static_argnums`` not of ints."""
+  value = spec.given['static_argnums']
+  ints = (value,) if isinstance(value, int) else value
+  try:
+    if all(isinstance(i, int) for i in ints):
+      return None
+  except TypeError:  # not iterable
+    pass
+  return spec._type_error('static_argnums', value) + _BY_NAME  # pylint: disable=protected-access
+
+
+# -- the arguments given --------------------------------------------------
+
+
+def _name_error(spec, name):
+  param = spec.signature.parameters.get(name)
+  if not name.isidentifier():
+    # Such as '*args[0]', the label an earlier message of ours gave an
+    # extra positional argument: **kwargs would accept it and never use it.
+    by_position = (
+        f' An extra positional argument that *{spec.var_positional}'
+        ' collects has no name: make it static by position with'
+        f' static_argnums={_var_positional_index(spec, name)}.\n'
+        + _numbering(spec)
+        if spec.var_positional and name.startswith('*')
+        else ' The parameters that can be static are: '
+        + ', '.join(_nameable(spec)) + '.'
     )
-
-  # -- call time --------------------------------------------------------------
-
-  def _received(self, args, kwargs):
-    try:
-      return dict(self.signature.bind_partial(*args, **kwargs).arguments)
-    except TypeError:
-      return {}
-
-  def _call_index_error(self, i, args):
-    n = len(args)
     return (
-        f'{self.transform}: static_argnums index {i} is out of range for'
-        f' this call of {self.display}, which passes {n} positional'
-        f' argument{"s" if n != 1 else ""} (numbered from {self.first_index}).\n'
-        + self._numbering() + self._name_it_instead(self._received(args, {}))
+        f'{spec.transform}: static_argnames contains {name!r}, which is not'
+        f' a parameter name of {spec.display}.' + by_position
     )
+  if param is not None:
+    star = param.kind is param.VAR_POSITIONAL
+    return (
+        f"{spec.transform}: static_argnames contains '{name}', the"
+        f' {"*" if star else "**"}{name} parameter of {spec.display}. It'
+        ' collects several arguments and cannot be static as a whole: name'
+        ' the individual keyword arguments instead'
+        + (', or use static_argnums for extra positional arguments.'
+           if star else '.')
+    )
+  if name == spec.leading:
+    return (
+        f"{spec.transform}: static_argnames contains '{name}', the first"
+        f' parameter of {spec.display}. The transform passes it on by'
+        ' itself; it cannot be static. Remove it from static_argnames.'
+    )
+  candidates = _nameable(spec)
+  close = difflib.get_close_matches(name, candidates, n=1)
+  return (
+      f"{spec.transform}: static_argnames contains '{name}', which is not"
+      f' a parameter of {spec.display}.\n'
+      + (f'Did you mean static_argnames={close[0]!r}?\n' if close else '')
+      + ('The parameters that can be static are: '
+         + ', '.join(candidates) + '.' if candidates else
+         f'{spec.display.split("(")[0]} takes no arguments that could be'
+         ' static.')
+  )
 
-  def _probable_flag(self, hit, received):
-    """A non-static parameter near ``hit`` that looks like a flag or mode."""
-    order = list(self.signature.parameters)
-    at = order.index(hit) if hit in order else 0
-    best = None
-    for position, param in enumerate(self.signature.parameters.values()):
-      if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-        continue
-      if param.name == hit or param.name in self.names:
-        continue
-      value = received.get(param.name, param.default)
-      if isinstance(value, (bool, str)):
-        rank = 0
-      elif value is None:
-        rank = 1
-      else:
-        continue
-      key = (rank, abs(position - at), position < at)
-      if best is None or key < best[0]:
-        best = (key, param.name)
-    return best and best[1]
 
-  def _index_of(self, name):
-    if name in self.positional:
-      return self.positional.index(name) + self.first_index
+def _unresolved(specs, key):
+  """The message for ``key``, which resolves in none of ``specs``."""
+  kind, item = key
+  spec = specs[0]
+  if kind == 'static_argnums':
+    return (spec.unresolved[key] + '\n' + _numbering(spec)
+            + _name_it_instead(spec))
+  if len(specs) == 1 or any(
+      item == s.leading or item in s.signature.parameters for s in specs):
+    return _name_error(spec, item)
+  candidates = list(dict.fromkeys(n for s in specs for n in _nameable(s)))
+  close = difflib.get_close_matches(item, candidates, n=1)
+  return (
+      f"{spec.transform}: static_argnames contains '{item}', which is"
+      ' not a parameter of any of the wrapped methods:\n'
+      + ''.join(f'  {s.display}\n' for s in specs)
+      + (f'Did you mean static_argnames={close[0]!r}?\n' if close else '')
+      + 'The parameters that can be static are: '
+      + ', '.join(candidates) + '.'
+  )
+
+
+def _nameable(spec):
+  return [
+      p.name for p in spec.signature.parameters.values()
+      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+  ]
+
+
+def _var_positional_index(spec, label):
+  """``static_argnums`` index of ``'*args[k]'`` (k = 0 for any other label)."""
+  match = re.search(r'\[(\d+)\]', label)
+  k = int(match.group(1)) if match else 0
+  return len(spec.positional) + spec.first_index + k
+
+
+def _make_static(spec, labels):
+  """The argument that makes ``labels`` static: names, or indices into *args."""
+  names = [l for l in labels if not l.startswith('*')]
+  nums = [_var_positional_index(spec, l) for l in labels if l.startswith('*')]
+  parts = []
+  if names:
+    parts.append(f'static_argnames={_static_argnames_code(names)}')
+  if nums:
+    parts.append(
+        'static_argnums='
+        + (str(nums[0]) if len(nums) == 1 else repr(tuple(nums)))
+    )
+  return ' and '.join(parts)
+
+
+def _numbering(spec, mark=None):
+  """The signature, one parameter a line, in this transform's numbering."""
+  fn_name = spec.display.split('(')[0]
+  if spec.leading is None:
+    head = f'{spec.transform} numbers the arguments of {fn_name} so:'
+  elif spec.first_index == 1:
+    head = f'{spec.transform} counts `{spec.leading}` as 0 in static_argnums:'
+  else:
+    head = (
+        f'{spec.transform} does not count `{spec.leading}` in'
+        ' static_argnums; the first argument after it is 0:'
+    )
+  n = len(spec.positional)
+  rows = []
+  if spec.leading is not None:
+    index = '0' if spec.first_index == 1 else '-'
+    rows.append((index, '', spec.leading, 'cannot be static'))
+  for param in spec.signature.parameters.values():
+    note = 'static' if param.name in spec.names else ''
+    if param.name == mark:
+      note = '<- ' + spec.names.get(mark, 'static')
+    if param.kind <= param.POSITIONAL_OR_KEYWORD:
+      k = spec.positional.index(param.name)
+      # A negative index names a parameter in nnx.remat's numbering, and
+      # with static_argnames: elsewhere it keeps Flax's meaning, counted
+      # over jax.checkpoint's arguments (the variables first).
+      neg = '' if spec.var_positional or (
+          spec.supplies_first and not spec.static_argnames) else str(k - n)
+      rows.append((str(k + spec.first_index), neg, str(param), note))
+    elif param.kind is param.VAR_POSITIONAL:
+      rows.append((f'{n + spec.first_index}+', '', str(param), note))
+    else:
+      rows.append(('-', '', str(param), note or 'by name only'))
+  lines = [head]
+  for index, neg, text, note in rows:
+    numbers = f'{index:>4} | {neg:<3}' if neg else f'{index:>4}      '
+    lines.append(f'  {numbers} {text}' + (f'    ({note})' if note else ''))
+  return '\n'.join(lines) + '\n'
+
+
+def _name_it_instead(spec, received=None):
+  candidate = _probable_flag(spec, None, received or {})
+  example = repr(candidate) if candidate else "'<name>'"
+  return (
+      'Name the argument instead of counting, which also covers keyword'
+      f' and omitted calls: static_argnames={example}.'
+  )
+
+
+# -- call time --------------------------------------------------------------
+
+
+def _received(spec, args, kwargs):
+  try:
+    return dict(spec.signature.bind_partial(*args, **kwargs).arguments)
+  except TypeError:
+    return {}
+
+
+def _call_index_error(spec, i, args):
+  n = len(args)
+  return (
+      f'{spec.transform}: static_argnums index {i} is out of range for'
+      f' this call of {spec.display}, which passes {n} positional'
+      f' argument{"s" if n != 1 else ""} (numbered from {spec.first_index}).\n'
+      + _numbering(spec) + _name_it_instead(spec, _received(spec, args, {}))
+  )
+
+
+def _probable_flag(spec, hit, received):
+  """A non-static parameter near ``hit`` that looks like a flag or mode."""
+  order = list(spec.signature.parameters)
+  at = order.index(hit) if hit in order else 0
+  best = None
+  for position, param in enumerate(spec.signature.parameters.values()):
+    if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+      continue
+    if param.name == hit or param.name in spec.names:
+      continue
+    value = received.get(param.name, param.default)
+    if isinstance(value, (bool, str)):
+      rank = 0
+    elif value is None:
+      rank = 1
+    else:
+      continue
+    key = (rank, abs(position - at), position < at)
+    if best is None or key < best[0]:
+      best = (key, param.name)
+  return best and best[1]
+
+
+def _index_of(spec, name):
+  if name in spec.positional:
+    return spec.positional.index(name) + spec.first_index
+  return None
+
+
+def _label(spec, i):
+  """The name of the ``i``-th positional argument of a call."""
+  if i < len(spec.positional):
+    return spec.positional[i]
+  if spec.var_positional:
+    return f'*{spec.var_positional}[{i - len(spec.positional)}]'
+  return f'argument {i + spec.first_index}'
+
+
+def _items(spec, args, kwargs, static):
+  """``(label, value, origin)`` of the arguments of a call: static or not."""
+  positions = {p for p, _ in static[0]}
+  by_position = {
+      (j if j >= 0 else len(args) + j): i for j, i in spec.positions.items()
+  }
+  items = []
+  for p, value in enumerate(args):
+    label = _label(spec, p)
+    origin = None
+    if p in positions:
+      origin = spec.names.get(label) or (
+          f'static_argnums index {by_position[p]}')
+    items.append((label, value, origin))
+  items += [(k, v, spec.names.get(k)) for k, v in kwargs.items()]
+  return items
+
+
+def _static_array_advice(spec, label, value, origin, received):
+  """Why an array in a static slot is the likely mistake, or None.
+
+  An array is a valid static value (it is closed over, as in Flax); it is
+  named only in a note on an error that happens anyway.
+  """
+  array = next(
+      (x for x in jax.tree_util.tree_leaves(value) if _is_array(x)), None)
+  if array is None:
     return None
-
-  def _label(self, i):
-    """The name of the ``i``-th positional argument of a call."""
-    if i < len(self.positional):
-      return self.positional[i]
-    if self.var_positional:
-      return f'*{self.var_positional}[{i - len(self.positional)}]'
-    return f'argument {i + self.first_index}'
-
-  def _items(self, args, kwargs, static):
-    """``(label, value, origin)`` of the arguments of a call: static or not."""
-    positions = {p for p, _ in static[0]}
-    by_position = {
-        (j if j >= 0 else len(args) + j): i for j, i in self.positions.items()
-    }
-    items = []
-    for p, value in enumerate(args):
-      label = self._label(p)
-      origin = None
-      if p in positions:
-        origin = self.names.get(label) or (
-            f'static_argnums index {by_position[p]}')
-      items.append((label, value, origin))
-    items += [(k, v, self.names.get(k)) for k, v in kwargs.items()]
-    return items
-
-  def _static_array_advice(self, label, value, origin, received):
-    """Why an array in a static slot is the likely mistake, or None.
-
-    An array is a valid static value (it is closed over, as in Flax); it is
-    named only in a note on an error that happens anyway.
-    """
-    array = next(
-        (x for x in jax.tree_util.tree_leaves(value) if _is_array(x)), None)
-    if array is None:
-      return None
-    meant = self._probable_flag(label, received)
-    if isinstance(array, jax.core.Tracer) and not array.shape:
-      # A flag traced by a transform around this one (an outer jax.jit):
-      # removing it from the static arguments here would only move the
-      # error into the function. The fix is where it was traced.
-      advice = (
-          f'`{label}` is a traced scalar: a transform around this call,'
-          ' such as `jax.jit`, traced it before it got here. Make it static'
-          ' there too, e.g. `jax.jit(train_step, static_argnames='
-          f"'{label}')` (or static_argnums), or pass a Python value"
-          f' (`{label}=True`) instead of an argument of the traced function.'
-      )
-    elif not array.shape:
-      advice = (
-          f'Pass a Python value (`{label}=True`, not `jnp.array(True)`), or,'
-          f' if `{label}` is data rather than a setting, remove it from'
-          f' {origin.split()[0]}: arrays are traced.'
-      )
-    elif origin == 'static_argnames':
-      advice = f'Remove `{label}` from static_argnames: arrays are traced.' + (
-          f' If you meant `{meant}`: static_argnames={meant!r}.'
-          if meant else ''
-      )
-    elif meant is None:
-      advice = (
-          f'Remove `{label}` from static_argnums, or name the argument you'
-          " meant: static_argnames='...'."
-      )
-    else:
-      index = self._index_of(meant)
-      by_index = (
-          f' In the numbering of {self.transform} that is'
-          f' static_argnums={index}.' if index is not None else ''
-      )
-      advice = (
-          f'Did you mean `{meant}`?{by_index} Naming it avoids counting:'
-          f' static_argnames={meant!r}.'
-      )
-    return (
-        f'{self.transform}: `{label}` of {self.display} is static ({origin}),'
-        f' but it received {_describe_array(array)}. A static argument is'
-        ' usually a Python value the function is specialized on, such as a'
-        ' flag or a mode string.\n'
-        + (self._numbering(mark=label) if origin != 'static_argnames' else '')
-        + advice
+  meant = _probable_flag(spec, label, received)
+  if isinstance(array, jax.core.Tracer) and not array.shape:
+    # A flag traced by a transform around this one (an outer jax.jit):
+    # removing it from the static arguments here would only move the
+    # error into the function. The fix is where it was traced.
+    advice = (
+        f'`{label}` is a traced scalar: a transform around this call,'
+        ' such as `jax.jit`, traced it before it got here. Make it static'
+        ' there too, e.g. `jax.jit(train_step, static_argnames='
+        f"'{label}')` (or static_argnums), or pass a Python value"
+        f' (`{label}=True`) instead of an argument of the traced function.'
     )
-
-  # -- notes on errors that happen anyway ---------------------------------------
-  # Nothing here refuses a call that Flax accepts: each handler adds a note to
-  # an error JAX or Flax raised, which keeps its type.
-
-  def apply(self, f, args, kwargs):
-    if self.as_flax:  # Flax's own static_argnums: nothing resolved to explain
-      try:
-        return super().apply(f, args, kwargs)
-      except (jax.errors.ConcretizationTypeError,
-              jax.errors.TracerIntegerConversionError) as e:
-        _add_note(e, self._flax_meaning_note())
-        raise
-      except TypeError as e:
-        _add_note(e, self._flax_type_note())
-        raise
-    static, dynamic_args, dynamic_kwargs = self.split(args, kwargs)
-    try:
-      return f(static, dynamic_args, dynamic_kwargs)
-    except (jax.errors.ConcretizationTypeError,
-            jax.errors.TracerIntegerConversionError) as e:
-      # A traced flag in `if` (ConcretizationTypeError), a traced count in
-      # `range(n)` (TracerIntegerConversionError).
-      self._explain_concretization_error(e, args, kwargs)
-      raise
-    except TypeError as e:
-      _add_note(e, self._str_note(args, kwargs))
-      raise
-    except ValueError as e:
-      # An array in a static slot used in Python control flow.
-      if 'truth value of an array' in str(e):
-        self._note_static_arrays(e, args, kwargs)
-      raise
-    except flax_errors.AssignSubModuleError as e:
-      _add_note(e, self._compact_note())
-      raise
-
-  def _note_static_arrays(self, error, args, kwargs):
-    """Notes each static argument that received an array; the call's statics."""
-    self._check()
-    static = super().split(args, kwargs)[0]
-    received = self._received(args, kwargs)
-    for label, value, origin in self._items(args, kwargs, static):
-      if origin is not None:
-        _add_note(error, self._static_array_advice(
-            label, value, origin, received))
-    return static
-
-  def _str_note(self, args, kwargs):
-    """Names the traced arguments that hold a str (JAX cannot trace one)."""
-    self._check()
-    static = super().split(args, kwargs)[0]
-    strings = [
-        label for label, value, origin in self._items(args, kwargs, static)
-        if origin is None and static_args.holds_str(value)
-    ]
-    if not strings:
-      return None
-    return (
-        f'{self.transform}: {_or_list(strings)} of {self.display}'
-        f' received a str, which JAX cannot trace. Make'
-        f' {"it" if len(strings) == 1 else "them"} static:'
-        f' {self._make_static(strings)}.'
+  elif not array.shape:
+    advice = (
+        f'Pass a Python value (`{label}=True`, not `jnp.array(True)`), or,'
+        f' if `{label}` is data rather than a setting, remove it from'
+        f' {origin.split()[0]}: arrays are traced.'
     )
-
-  def _compact_note(self):
-    """``@nn.compact`` above the transform marks the transform's wrapper."""
-    decorated = getattr(self, 'decorated', None)
-    if not getattr(decorated, 'compact', False) or getattr(
-        self.fn, 'compact', False):
-      return None
-    name = self.transform.split()[0]
-    return (
-        f'{self.transform}: {getattr(self.fn, "__qualname__", "the method")}'
-        f' is decorated with @nn.compact above @{name}(...). A lifted'
-        ' transform wraps the compact method: swap the two decorators,\n'
-        f'  @{name}(...)\n  @nn.compact\n  def __call__(self, ...): ...'
+  elif origin == 'static_argnames':
+    advice = f'Remove `{label}` from static_argnames: arrays are traced.' + (
+        f' If you meant `{meant}`: static_argnames={meant!r}.'
+        if meant else ''
     )
-
-  def _explain_concretization_error(self, error, args, kwargs):
-    """Adds to a JAX concretization error which arguments were traced.
-
-    A Python bool, int or float passed to an argument that is not static is
-    traced like an array, so ``if deterministic:`` in the function fails with
-    ``TracerBoolConversionError``. The note names those arguments and the
-    ``static_argnames`` that fixes it. The error keeps its type.
-
-    Args:
-      error: the error JAX raised.
-      args: the positional arguments of the call.
-      kwargs: the keyword arguments of the call.
-    """
-    static = self._note_static_arrays(error, args, kwargs)
-    scalars = [
-        (label, value) for label, value, origin in self._items(
-            args, kwargs, static)
-        if origin is None and type(value) in (bool, int, float)
-    ]
-    if not scalars:
-      return
-    scalars.sort(key=lambda item: type(item[1]) is not bool)
-    labels = [label for label, _ in scalars]
-    got = ', '.join(f'{label}={value!r}' for label, value in scalars)
-    one = len(labels) == 1
-    fn_name = self.display.split('(')[0]
-    note = (
-        f'{self.transform}: {fn_name} was called with the Python'
-        f' value{"" if one else "s"} {got}, but'
-        f' {_or_list(labels)} {"is" if one else "are"} not static, so'
-        f' {"it was" if one else "they were"} traced like an array. If'
-        f' {fn_name} uses {"it" if one else "them"} in Python control'
-        ' flow or as a shape, make'
-        f' {"it" if one else "them"} static:'
-        f' {self._make_static(labels)}.'
-        + (
-            ' A named argument is static however it is passed: positionally,'
-            ' by keyword, or left to its default.'
-            if any(not l.startswith('*') for l in labels) else ''
-        )
+  elif meant is None:
+    advice = (
+        f'Remove `{label}` from static_argnums, or name the argument you'
+        " meant: static_argnames='...'."
     )
-    by_index = [
-        f'`{name}` ({origin})' for name, origin in self.names.items()
-        if origin.startswith('static_argnums')
-    ]
-    if by_index:
-      index = self._index_of(labels[0])
-      note += f' Currently static: {", ".join(by_index)}.' + (
-          f' In the numbering of {self.transform}, `{labels[0]}` is'
-          f' static_argnums={index}.' if index is not None else ''
+  else:
+    index = _index_of(spec, meant)
+    by_index = (
+        f' In the numbering of {spec.transform} that is'
+        f' static_argnums={index}.' if index is not None else ''
+    )
+    advice = (
+        f'Did you mean `{meant}`?{by_index} Naming it avoids counting:'
+        f' static_argnames={meant!r}.'
+    )
+  return (
+      f'{spec.transform}: `{label}` of {spec.display} is static ({origin}),'
+      f' but it received {_describe_array(array)}. A static argument is'
+      ' usually a Python value the function is specialized on, such as a'
+      ' flag or a mode string.\n'
+      + (_numbering(spec, mark=label) if origin != 'static_argnames' else '')
+      + advice
+  )
+
+
+# -- notes on errors that happen anyway ---------------------------------------
+
+
+def _note_static_arrays(spec, error, args, kwargs):
+  """Notes each static argument that received an array; the call's statics."""
+  spec._check()  # pylint: disable=protected-access
+  static = spec.split(args, kwargs)[0]
+  received = _received(spec, args, kwargs)
+  for label, value, origin in _items(spec, args, kwargs, static):
+    if origin is not None:
+      _add_note(error, _static_array_advice(
+          spec, label, value, origin, received))
+  return static
+
+
+def _str_note(spec, args, kwargs):
+  """Names the traced arguments that hold a str (JAX cannot trace one)."""
+  spec._check()  # pylint: disable=protected-access
+  static = spec.split(args, kwargs)[0]
+  strings = [
+      label for label, value, origin in _items(spec, args, kwargs, static)
+      if origin is None and static_args.holds_str(value)
+  ]
+  if not strings:
+    return None
+  return (
+      f'{spec.transform}: {_or_list(strings)} of {spec.display}'
+      f' received a str, which JAX cannot trace. Make'
+      f' {"it" if len(strings) == 1 else "them"} static:'
+      f' {_make_static(spec, strings)}.'
+  )
+
+
+def _compact_note(spec):
+  """``@nn.compact`` above the transform marks the transform's wrapper."""
+  decorated = getattr(spec, 'decorated', None)
+  if not getattr(decorated, 'compact', False) or getattr(
+      spec.fn, 'compact', False):
+    return None
+  name = spec.transform.split()[0]
+  return (
+      f'{spec.transform}: {getattr(spec.fn, "__qualname__", "the method")}'
+      f' is decorated with @nn.compact above @{name}(...). A lifted'
+      ' transform wraps the compact method: swap the two decorators,\n'
+      f'  @{name}(...)\n  @nn.compact\n  def __call__(self, ...): ...'
+  )
+
+
+def _explain_concretization_error(spec, error, args, kwargs):
+  """Adds to a JAX concretization error which arguments were traced.
+
+  A Python bool, int or float passed to an argument that is not static is
+  traced like an array, so ``if deterministic:`` in the function fails with
+  ``TracerBoolConversionError``. The note names those arguments and the
+  ``static_argnames`` that fixes it. The error keeps its type.
+
+  Args:
+    error: the error JAX raised.
+    args: the positional arguments of the call.
+    kwargs: the keyword arguments of the call.
+  """
+  static = _note_static_arrays(spec, error, args, kwargs)
+  scalars = [
+      (label, value) for label, value, origin in _items(spec, 
+          args, kwargs, static)
+      if origin is None and type(value) in (bool, int, float)
+  ]
+  if not scalars:
+    return
+  scalars.sort(key=lambda item: type(item[1]) is not bool)
+  labels = [label for label, _ in scalars]
+  got = ', '.join(f'{label}={value!r}' for label, value in scalars)
+  one = len(labels) == 1
+  fn_name = spec.display.split('(')[0]
+  note = (
+      f'{spec.transform}: {fn_name} was called with the Python'
+      f' value{"" if one else "s"} {got}, but'
+      f' {_or_list(labels)} {"is" if one else "are"} not static, so'
+      f' {"it was" if one else "they were"} traced like an array. If'
+      f' {fn_name} uses {"it" if one else "them"} in Python control'
+      ' flow or as a shape, make'
+      f' {"it" if one else "them"} static:'
+      f' {_make_static(spec, labels)}.'
+      + (
+          ' A named argument is static however it is passed: positionally,'
+          ' by keyword, or left to its default.'
+          if any(not l.startswith('*') for l in labels) else ''
       )
-    _add_note(error, note)
+  )
+  by_index = [
+      f'`{name}` ({origin})' for name, origin in spec.names.items()
+      if origin.startswith('static_argnums')
+  ]
+  if by_index:
+    index = _index_of(spec, labels[0])
+    note += f' Currently static: {", ".join(by_index)}.' + (
+        f' In the numbering of {spec.transform}, `{labels[0]}` is'
+        f' static_argnums={index}.' if index is not None else ''
+    )
+  _add_note(error, note)
 
 
 def _add_note(error, note):
@@ -539,6 +580,3 @@ def _add_note(error, note):
     if note not in error.args[0]:
       error.args = (f'{error.args[0]}\n\n{note}',) + error.args[1:]
 
-
-# The transforms build this class (``_static_args.resolver``).
-static_args.resolver = DiagnosedStaticArgs

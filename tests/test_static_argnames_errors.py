@@ -29,7 +29,8 @@ import pytest
 
 from flax_tieext import lift as ext_lift
 from flax_tieext import linen as ext_nn
-from flax_tieext._static_args_diagnostics import DiagnosedStaticArgs
+from flax_tieext import _static_args_diagnostics as diagnostics
+from flax_tieext.core._static_args import StaticArgs
 from static_models import ENTRIES, MLP, X, Configured, Star, raised
 from tie_models import assert_message_names
 
@@ -322,7 +323,7 @@ def test_note_is_appended_to_the_message_without_add_note():
     return x
 
   error = OldStyleError('Attempted boolean conversion of traced array.')
-  DiagnosedStaticArgs(fn)._explain_concretization_error(error, (X, True), {})
+  diagnostics._explain_concretization_error(StaticArgs(fn), error, (X, True), {})
   assert str(error).startswith('Attempted boolean conversion')
   assert "static_argnames='train'" in str(error)
 

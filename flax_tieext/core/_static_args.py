@@ -35,7 +35,8 @@ class StaticArgs:
   is passed by position, by keyword or left to its default. With ``*args``,
   indices past the named parameters (and negative ones) count the arguments of
   each call. As in ``jax.checkpoint``, nothing is checked until the first
-  call. :meth:`split` takes a call apart, :meth:`merge` puts it back.
+  call. :meth:`split` takes a call apart, :meth:`merge` puts it back. Its
+  errors are short and state what is wrong (:func:`_error`).
 
   Without ``static_argnames``, only non-negative Python ints at or past
   ``first_index`` are resolved. Any other ``static_argnums`` (negative, a
@@ -93,7 +94,8 @@ class StaticArgs:
       if all(key in spec.unresolved for spec in self.group):
         # A new error each call: one kept would keep each failed call's
         # frames alive through its traceback.
-        raise ValueError(self._nowhere(self.group, key))
+        raise _error(ValueError, self.group[0].unresolved[key],
+                     'unresolved', key)
     self._resolved = True
 
   def _bind(self):
@@ -104,7 +106,8 @@ class StaticArgs:
                              ('static_argnames', self.static_argnames, str)):
       if not isinstance(value, tuple) or not all(
           isinstance(x, one) and not isinstance(x, bool) for x in value):
-        raise TypeError(self._type_error(what, self.given[what]))
+        raise _error(TypeError, self._type_error(what, self.given[what]),
+                     'type', what)
     try:
       signature = inspect.signature(self.fn)
     except (TypeError, ValueError):  # a builtin: any arguments
@@ -164,11 +167,6 @@ class StaticArgs:
       raise ValueError(self._name_error(name))
     self.names[name] = 'static_argnames'
 
-  @staticmethod
-  def _nowhere(specs, key):
-    """The message for ``key``, which resolves in none of ``specs``."""
-    return specs[0].unresolved[key]
-
   def _type_error(self, what, value):
     one = 'an int or a sequence of ints' if what == 'static_argnums' else (
         'a str or a sequence of str')
@@ -216,7 +214,7 @@ class StaticArgs:
         if -len(args) <= j < len(args):
           at.add(j % len(args))
         elif not self._ignores_unmatched():
-          raise ValueError(self._call_index_error(i, args))
+          raise _error(ValueError, self._call_index_error(i, args), 'call', i)
     static = (tuple((i, Static(args[i])) for i in sorted(at)),
               tuple((k, Static(v)) for k, v in kwargs.items() if k in names))
     args = tuple(a for i, a in enumerate(args) if i not in at)
@@ -334,7 +332,12 @@ def _once(x, one):
     return x
 
 
-# The class the transforms build. The plugin's diagnostics
-# (flax_tieext/_static_args_diagnostics.py, imported with the package) set
-# their subclass here, which explains mistakes in the user's terms.
-resolver = StaticArgs
+def _error(cls, message, *static_arg):
+  """``cls(message)``, stating what is wrong as ``static_arg``, a pair.
+
+  ``('type', what)``, ``('unresolved', key)`` (a key of ``unresolved``) or
+  ``('call', index)``: what the plugin's diagnostics explain further.
+  """
+  error = cls(message)
+  error.static_arg = static_arg
+  return error

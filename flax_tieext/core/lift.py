@@ -103,7 +103,7 @@ def checkpoint(
       fn, variables, rngs, concrete, prevent_cse, static_argnums, policy,
       static_argnames,
     )
-  statics = _static_args.resolver(
+  statics = _static_args.StaticArgs(
     fn, static_argnums, static_argnames, transform='lift.checkpoint'
   )
   return _checkpoint(fn, statics, variables, rngs, concrete, prevent_cse, policy)

@@ -80,7 +80,7 @@ def _checkpoint_lift_transform(
     return lift._checkpoint(fn, statics, **kwargs)
 
   def statics_of(fn, nums, names, index=first_index, name=transform_name):
-    return _static_args.resolver(
+    return _static_args.StaticArgs(
       fn, nums, names, transform=name, first_index=index,
       closes_over=closes_over,
     )

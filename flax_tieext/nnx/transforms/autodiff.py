@@ -150,7 +150,7 @@ def remat(
   if was_bound:
     _raise_bound_method_error('remat')
 
-  statics = _static_args.resolver(
+  statics = _static_args.StaticArgs(
     f_unbound, static_argnums, static_argnames, transform='nnx.remat',
     supplies_first=False,
   )
