@@ -180,7 +180,8 @@ def _flax_type_note(spec):
       return None
   except TypeError:  # not iterable
     pass
-  return spec._type_error('static_argnums', value) + _BY_NAME  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  return spec._type_error('static_argnums', value) + _BY_NAME
 
 
 # -- the arguments given --------------------------------------------------
@@ -391,9 +392,11 @@ def _label(spec, i):
   return f'argument {i + spec.first_index}'
 
 
-def _items(spec, args, kwargs, static):
+def _items(spec, args, kwargs):
   """``(label, value, origin)`` of the arguments of a call: static or not."""
-  positions = {p for p, _ in static[0]}
+  # pylint: disable-next=protected-access
+  spec._check()  # bound, where nothing is static too
+  positions = {p for p, _ in spec.split(args, kwargs)[0][0]}
   by_position = {
       (j if j >= 0 else len(args) + j): i for j, i in spec.positions.items()
   }
@@ -471,23 +474,20 @@ def _static_array_advice(spec, label, value, origin, received):
 
 
 def _note_static_arrays(spec, error, args, kwargs):
-  """Notes each static argument that received an array; the call's statics."""
-  spec._check()  # pylint: disable=protected-access
-  static = spec.split(args, kwargs)[0]
+  """Notes each static argument that received an array; the call's items."""
+  items = _items(spec, args, kwargs)  # binds spec first
   received = _received(spec, args, kwargs)
-  for label, value, origin in _items(spec, args, kwargs, static):
+  for label, value, origin in items:
     if origin is not None:
       _add_note(error, _static_array_advice(
           spec, label, value, origin, received))
-  return static
+  return items
 
 
 def _str_note(spec, args, kwargs):
   """Names the traced arguments that hold a str (JAX cannot trace one)."""
-  spec._check()  # pylint: disable=protected-access
-  static = spec.split(args, kwargs)[0]
   strings = [
-      label for label, value, origin in _items(spec, args, kwargs, static)
+      label for label, value, origin in _items(spec, args, kwargs)
       if origin is None and static_args.holds_str(value)
   ]
   if not strings:
@@ -524,14 +524,14 @@ def _explain_concretization_error(spec, error, args, kwargs):
   ``static_argnames`` that fixes it. The error keeps its type.
 
   Args:
+    spec: the ``StaticArgs`` of the call.
     error: the error JAX raised.
     args: the positional arguments of the call.
     kwargs: the keyword arguments of the call.
   """
-  static = _note_static_arrays(spec, error, args, kwargs)
   scalars = [
-      (label, value) for label, value, origin in _items(spec, 
-          args, kwargs, static)
+      (label, value)
+      for label, value, origin in _note_static_arrays(spec, error, args, kwargs)
       if origin is None and type(value) in (bool, int, float)
   ]
   if not scalars:
