@@ -59,6 +59,17 @@ class LiftCheckpointDiagnosticsTest(parameterized.TestCase):
     ):
       init(rematted)(random.key(0), jnp.ones((1, 3)))
 
+  def test_out_of_range_index_numbering_marks_the_names_given_too(self):
+    def dense(scope, x, activation='relu', mode=None):
+      return self.dense(scope, x, activation)
+
+    rematted = lift.checkpoint(
+        dense, static_argnums=5, static_argnames='activation')
+    with self.assertRaisesRegex(
+        ValueError, "activation='relu' +\\(static\\)(.|\n)*"
+        "static_argnames='mode'"):
+      init(rematted)(random.key(0), jnp.ones((1, 3)))
+
   def test_array_for_static_argument_works_and_is_named_when_it_fails(self):
     # An array is a valid static value (closed over, as Flax accepts it): the
     # result is the unrematted function's.
