@@ -47,6 +47,7 @@ if _compat.NNX_REMAT is None:
   )
 
 needs_patch = pytest.mark.needs_patch
+installs_patch = pytest.mark.installs_patch
 
 # Graph mode, graph mode without graph updates, tree mode: the ways Flax's
 # nnx.remat can run on releases that have them; the default elsewhere.
@@ -221,6 +222,7 @@ def test_misspelled_name_is_refused_at_the_call_with_the_parameter_it_meant():
   assert 'forward(model, x, deterministic=False' in message  # the signature
 
 
+@installs_patch  # the explanations come with the patch
 def test_out_of_range_index_shows_the_numbering_with_model_as_zero():
   rematted = remat(forward, static_argnums=4)
   with pytest.raises(ValueError) as e:
@@ -233,6 +235,7 @@ def test_out_of_range_index_shows_the_numbering_with_model_as_zero():
   assert 'static_argnames=' in message
 
 
+@installs_patch  # the explanations come with the patch
 def test_array_for_a_static_argument_fails_as_in_flax_and_is_named():
   # An array is a valid static value; used as a flag it fails as it does
   # without remat, and the note names the static argument.
@@ -248,6 +251,7 @@ def test_array_for_a_static_argument_fails_as_in_flax_and_is_named():
   assert 'array of shape (2,)' in message
 
 
+@installs_patch  # the explanations come with the patch
 def test_traced_flag_error_says_which_argument_to_make_static():
 
   def dropout(model, x, deterministic=False):

@@ -170,6 +170,7 @@ def test_every_quoted_message_has_its_mistake():
   assert [heading for heading, _ in _quoted()] == list(MISTAKES)
 
 
+@pytest.mark.installs_patch  # the explanations come with the patch
 @pytest.mark.parametrize('heading, quoted', list(_quoted()),
                          ids=[h for h, _ in _quoted()])
 def test_quoted_message_is_what_the_mistake_gives(heading, quoted):

@@ -34,6 +34,10 @@ from flax_tieext.core._static_args import StaticArgs
 from static_models import ENTRIES, MLP, X, Configured, Star, raised
 from tie_models import assert_message_names
 
+# The messages are the patch's (install() binds the diagnostics), also for
+# the transforms under the package's own names.
+pytestmark = pytest.mark.installs_patch
+
 # The entry points by how they count: with `self` as 0, or from after it.
 COUNTS_SELF = [pytest.param(ext_nn.checkpoint, id='nn.checkpoint')]
 SKIPS_SELF = [pytest.param(ext_nn.partitioning.remat, id='nn.partitioning.remat')]
