@@ -145,7 +145,7 @@ def _ties_inside(scope):
   found = {}
   for col in dict.fromkeys(('params', *ties.named_collections,
                             *sorted(visible_collections(scope)))):
-    form = ties.form(col)
+    form = ties.forms[col]
     tie = form.at.get(scope.path)
     if tie is not None:
       found.setdefault(tie.target, (tie, col))
@@ -218,7 +218,7 @@ def _draws_copy(scope) -> bool:
   """Whether ``scope`` is a target initializing a copy from its source's rngs."""
   found = in_force(scope)
   return (found is not None and found.log is not None  # initializing
-          and found.form('params').at.get(scope.path) is not None)
+          and found.forms['params'].at.get(scope.path) is not None)
 
 
 class Packed:

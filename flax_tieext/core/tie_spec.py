@@ -339,30 +339,48 @@ class Form:
     return None
 
 
+class Forms(dict):
+  """Collection -> the :class:`Form` of ``declared``, derived on first use.
+
+  ``normal``: whether ``declared`` is one declaration's normal form
+  (``normalize``), with one collection filter: then it is every collection's
+  normal form. A conflict among the ties of a collection raises when its form
+  is derived.
+  """
+
+  def __init__(self, declared: tuple[Tie, ...], normal: bool):
+    super().__init__()
+    self.declared, self.normal = declared, normal
+
+  def __missing__(self, col: str) -> Form:
+    if self.normal:  # one filter: every tie applies, or none
+      ties = self.declared if self.declared[0].applies_to(col) else ()
+    else:
+      ties = tuple(t for t in self.declared if t.applies_to(col))
+    found = self[col] = Form(ties if self.normal else compose(ties))
+    return found
+
+
 class InForce:
   """The ties declared at a scope and its ancestors, as a scope keeps them.
 
   Compared and hashed by the declarations alone: ``nn.jit`` keys its trace
   on a scope's flags, where the ties are kept, so what a call derives and
   learns (the normal forms, the init log) must not make a new key. Not a
-  dataclass, which Flax's fingerprint would take apart field by field. The
-  normal form of each collection is derived once, on first use.
+  dataclass, which Flax's fingerprint would take apart field by field.
 
   Attributes:
     declared: the ties, as declared.
-    normal: whether ``declared`` is one declaration's normal form
-      (``normalize``), with one collection filter: then it is every
-      collection's normal form.
-    forms: collection -> :class:`Form`, derived on first use.
+    forms: collection -> :class:`Form` of ``declared``, derived on first use
+      (:class:`Forms`).
     log: while initializing, what this init learns (shared by every scope of
       it); None outside an init.
   """
 
   def __init__(self, declared: tuple[Tie, ...], normal: bool = False,
-               forms: dict | None = None, log: Any = None):
+               forms: Forms | None = None, log: Any = None):
     self.declared = declared
-    self.normal = normal
-    self.forms = {} if forms is None else forms
+    self.forms = Forms(declared, normal) if forms is None else forms
     self.log = log
 
   def __eq__(self, other):
@@ -374,22 +392,12 @@ class InForce:
   def __repr__(self):
     return f'InForce({self.declared!r})'
 
-  def form(self, col: str) -> Form:
-    found = self.forms.get(col)
-    if found is None:
-      if self.normal:
-        ties = self.declared if self.declared[0].applies_to(col) else ()
-      else:
-        ties = compose(tuple(t for t in self.declared if t.applies_to(col)))
-      found = self.forms[col] = Form(ties)
-    return found
-
   def check(self, added: tuple[Tie, ...]):
     """Derives the forms ``added`` takes part in: a conflict raises here."""
     for f in {t.collections for t in added}:
       for col in (*named_collections(f), 'params'):
         if in_filter(f, col):
-          self.form(col)
+          self.forms[col]  # pylint: disable=pointless-statement
 
   @functools.cached_property
   def named_collections(self) -> dict[str, Tie]:
@@ -408,9 +416,6 @@ def named_collections(f) -> tuple[str, ...]:
   if isinstance(f, tuple) and all([isinstance(x, str) for x in f]):
     return f
   return ()
-
-
-
 
 
 def walk(node, names):

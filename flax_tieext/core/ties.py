@@ -48,6 +48,7 @@ from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
     InForce,
     Path,
+    Form,
     Tie,
     apply_view,
     apply_views,
@@ -56,7 +57,6 @@ from flax_tieext.core.tie_spec import (
     is_within,
     named_collections,
     normalize,
-    walk,
 )
 
 # Scope's privates are this module's to use, as lift.py uses them.
@@ -137,13 +137,7 @@ def ties_in_force(scope) -> tuple[Tie, ...]:
 def tie_at(scope, path: Path, col: str) -> Tie | None:
   """The resolved tie whose target is ``path`` in ``col``, or None."""
   found = in_force(scope)
-  return found.form(col).at.get(path) if found is not None else None
-
-
-def ties_below(scope, path: Path, col: str) -> list[Tie]:
-  """The resolved ties in ``col`` whose target lies strictly below ``path``."""
-  found = in_force(scope)
-  return found.form(col).below.get(path, []) if found is not None else []
+  return found.forms[col].at.get(path) if found is not None else None
 
 
 def declare(scope, ties: Mapping[str, Any],
@@ -167,7 +161,7 @@ def declare(scope, ties: Mapping[str, Any],
              and scope.get_flag('initializing', False))
   if added or new_log:
     now = InForce(declared + added, normal=not declared,
-                  forms={} if added else present.forms,
+                  forms=None if added else present.forms,
                   log=InitLog() if new_log else log)
     now.check(added)  # refuses a conflict where it is declared
     scope.flags = freeze({**scope.flags, TIES_FLAG: now})
@@ -331,8 +325,17 @@ def reach(scope, path: Path, rngs: bool = False):
 def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
   base, _ = locate(scope, path)
-  root = base and base.root
-  return root and walk(root._variables.get(col), path[len(root.path):])
+  return base and _read(base.root, path, col)
+
+
+def _read(root, path: Path, col: str):
+  """What ``root`` stores at ``path`` (at or below it) in ``col``, or None."""
+  node = root._variables.get(col)
+  for name in path[len(root.path):]:
+    if not isinstance(node, Mapping) or name not in node:
+      return None
+    node = node[name]
+  return node
 
 
 def visible_collections(scope) -> set[str]:
@@ -388,6 +391,15 @@ def held_elsewhere(scope, path: Path, col: str | None) -> str:
 
 SOURCE = 'source'  # the source's storage (read-only across a transform)
 COPY = 'copy'  # init: the target's own copy, starting as the source's values
+# Why a use is refused (:func:`refused` says it):
+MISSING = 'missing'  # a tied collection used, neither given nor mutable
+UNREACHABLE = 'unreachable'  # a source outside every scope the use reaches
+KINDS = 'kinds'  # a module tied to a variable
+GIVEN = 'given'  # values given at apply for a target
+INSIDE = 'inside'  # a tie declared inside a transform that cannot lift it
+CANNOT_LAND = 'cannot land'  # a write, or init, of a closed-over source
+READ_ONLY = 'read-only'  # a write through a view
+NOT_STORED = 'not stored'  # a source that is not stored
 
 
 def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
@@ -407,13 +419,11 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
     crossed: the records of the lifted transforms between target and source.
 
   Returns:
-    :data:`SOURCE` or :data:`COPY`.
-
-  Raises:
-    TieError: values given at ``apply`` for a target; a source outside
-      a transform that declares nothing; a write or initialization
-      that cannot land in a closed-over source; a write through a view; a
-      source that is not stored.
+    :data:`SOURCE` or :data:`COPY`; or why the use is refused, which the
+    caller raises (:func:`refused`): values given at ``apply`` for a target;
+    a source outside a transform that declares nothing; a write or
+    initialization that cannot land in a closed-over source; a write
+    through a view; a source that is not stored.
   """
   initializing = (scope.get_flag('initializing', False)
                   and scope.is_mutable_collection(col))
@@ -422,29 +432,54 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
       col == 'params' or bool(crossed) or not found)
   inside = (declared_inside(tie, col, crossed)
             if crossed and (found or not copy) else None)
-  where, error = scope.path_text, None
   if given and not initializing:  # apply would ignore them
-    error = tie_errors.given_for_target(tie, col)
-  elif inside is not None:
-    error = tie_errors.declared_inside(tie, col, where, inside.name)
-  elif copy:
-    pass
-  elif crossed and (write or not found):
-    error = tie_errors.cannot_land(
-        tie, col, where, [lift.name for lift in crossed], write,
-        '' if write else tie_errors.nearest(stored(scope, (), col) or {},
-                                            tie.source),
-        is_within(tie.declared_at, scope.root.path))
-  elif write and tie.view is not None:
-    error = tie_errors.read_only(tie, col, where)
-  elif not found and not write and not scope.is_mutable_collection(col):
-    error = tie_errors.source_not_stored(tie, col, where,
-                                         _near(scope, tie.source, col))
-  if error is not None:
-    raise error
+    return GIVEN
+  if inside is not None:
+    return INSIDE
+  if not copy:
+    if crossed and (write or not found):
+      return CANNOT_LAND
+    if write and tie.view is not None:
+      return READ_ONLY
+    if not found and not write and not scope.is_mutable_collection(col):
+      return NOT_STORED
   if found:
     _used(scope).add((tie.target, col))
   return COPY if copy else SOURCE
+
+
+def refused(scope, tie: Tie, col: str, why: str, *, write: bool = False,
+            crossed=()) -> tie_errors.TieError:
+  """The TieError of a use of ``col`` at ``scope`` that ``why`` refuses.
+
+  The one place that says why; what it names nearby is read first.
+  """
+  where = scope.path_text
+  given = visible_collections(scope) if why == MISSING else ()
+  tree = stored(scope, (), col) or {}
+  holders = _holders(scope, tie.source, col) if why == NOT_STORED else ()
+  inside = declared_inside(tie, col, crossed) if why == INSIDE else None
+  transform = _declared_in(scope) if why == UNREACHABLE else None
+  if why == MISSING:
+    return tie_errors.collection_missing(tie, col, where, given)
+  if why == UNREACHABLE:
+    return (tie_errors.unreachable(tie, col, where) if transform is None else
+            tie_errors.declared_inside(tie, col, where, transform))
+  if why == KINDS:
+    return tie_errors.kinds_differ(tie, col, target_is_module=True)
+  if why == GIVEN:
+    return tie_errors.given_for_target(tie, col)
+  if why == INSIDE:
+    return tie_errors.declared_inside(tie, col, where, inside.name)
+  if why == CANNOT_LAND:
+    return tie_errors.cannot_land(
+        tie, col, where, [lift.name for lift in crossed], write,
+        '' if write else tie_errors.nearest(tree, tie.source),
+        is_within(tie.declared_at, scope.root.path))
+  if why == READ_ONLY:
+    return tie_errors.read_only(tie, col, where)
+  return tie_errors.source_not_stored(tie, col, where, tie_errors.near(
+      tie.source, scope.root.path, holders, tree))
 
 
 def declared_inside(tie: Tie, col: str, crossed):
@@ -469,11 +504,12 @@ def declared_inside(tie: Tie, col: str, crossed):
   return None
 
 
-def _unreachable(scope, tie: Tie, col: str):
-  """The error for a source outside every scope ``scope`` can reach.
+def _declared_in(scope) -> str | None:
+  """The transform a tie whose source ``scope`` cannot reach is declared in.
 
   Past the outermost lifted transform whose pack saw no tie in force (and so
-  recorded nothing), the tie was declared inside that transform.
+  recorded nothing), the tie was declared inside that transform; None where
+  there is none (the source is simply out of reach).
   """
   root = scope.root
   while lift_record(root) is not None:
@@ -481,47 +517,52 @@ def _unreachable(scope, tie: Tie, col: str):
   if root.parent is None and root.path:  # an inner root of a transform
     # Flax's pack labels it 'name(module)' (remat(block_1)).
     label = root.debug_path[-1] if root.debug_path else ''
-    where = label.split('(', 1)[0] if '(' in label else 'transform'
-    return tie_errors.declared_inside(tie, col, scope.path_text, where)
-  return tie_errors.unreachable(tie, col, scope.path_text)
+    return label.split('(', 1)[0] if '(' in label else 'transform'
+  return None
 
 
-def viewed(tie: Tie, node):
-  if tie.view is None:
+def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
+  """``col`` of ``scope`` at its first use: a module tie's source's, or its own.
+
+  A tied collection that is used must be given (or be mutable). For a module
+  tie the source's storage is read once and the use routed (:func:`route`);
+  a use refused raises last (:func:`refused`).
+  """
+  tie, crossed, node = form.at.get(scope.path), (), None
+  if (col in ties.named_collections and col not in scope.root._variables
+      and not scope.is_mutable_collection(col)
+      and col not in visible_collections(scope)):
+    tie, how = ties.named_collections[col], MISSING
+  elif tie is None:
+    return _untied(scope, col, write)
+  else:
+    base, crossed = locate(scope, tie.source)
+    # A final source lies below no target: its dicts are reached by name.
+    node = base and _read(base.root, tie.source, col)
+    how = (UNREACHABLE if base is None else
+           KINDS if node is not None and not isinstance(node, Mapping) else
+           # A source whose every variable is tied elsewhere stores nothing:
+           # the target's tied paths below it resolve on their own.
+           route(scope, tie, col, write=write,
+                 found=bool(node) or tie.target in form.below,
+                 given=_given(scope, col), crossed=crossed))
+  if how == SOURCE and not crossed and tie.view is None:
+    if write:
+      node = reach(scope, tie.source)[0]._mutable_collection(col)
+    elif not node:
+      return FrozenDict()  # a mutable collection the source has not written
+    scope._variables[col] = node
     return node
-  return apply_views(tie, node)
-
-
-def _module_collection(scope, tie: Tie, col: str, write: bool):
-  """The collection ``col`` of ``scope``, the target of a module tie."""
-  base, crossed = locate(scope, tie.source)
-  if base is None:
-    raise _unreachable(scope, tie, col)
-  # A final source lies below no target: its dicts are reached by name.
-  node = walk(base.root._variables.get(col), tie.source[len(base.root.path):])
-  if node is not None and not isinstance(node, Mapping):
-    raise tie_errors.kinds_differ(tie, col, target_is_module=True)
-  # A source whose every variable is tied elsewhere stores nothing: the
-  # target's tied paths below it resolve on their own.
-  found = bool(node) or bool(ties_below(scope, tie.target, col))
-  how = route(scope, tie, col, write=write, found=found,
-                given=_given(scope, col), crossed=crossed)
   if how == COPY:
     if col != 'params' and not write:
       return _untied(scope, col, write)  # nothing of its own yet
     own = _own(scope, col)  # checked and dropped by check_init
     _fill(own, node, tie)
     return own
-  if crossed:  # a closed-over value: read-only, never cached
-    return freeze(viewed(tie, node))
-  if tie.view is not None:
-    return viewed(tie, node)
-  if write:
-    node = reach(scope, tie.source)[0]._mutable_collection(col)
-  elif not node:
-    return FrozenDict()  # a mutable collection the source has not written
-  scope._variables[col] = node
-  return node
+  if how == SOURCE:  # through a view, or a closed-over value: never cached
+    node = node if tie.view is None else apply_views(tie, node)
+    return freeze(node) if crossed else node
+  raise refused(scope, tie, col, how, write=write, crossed=crossed)
 
 
 def _given(scope, col: str) -> bool:
@@ -579,15 +620,18 @@ class TiedNames(MutableMapping):
     scope, col = self._scope, self._col
     parent, crossed = reach(scope, tie.source[:-1])
     if parent is None:
-      raise _unreachable(scope, tie, col)
+      raise refused(scope, tie, col, UNREACHABLE)
     node = parent._collection(col)
     found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
     if isinstance(found, Mapping):
       return None  # a submodule: its own scope resolves the tie
     how = route(scope, tie, col, write=write, given=name in self.own,
-                  found=found is not None, crossed=crossed)
-    if how == COPY and (write or found is None):
-      return None  # the target's own copy, checked and dropped by check_init
+                found=found is not None, crossed=crossed)
+    if how == COPY:
+      if write or found is None:
+        return None  # the target's own copy, checked and dropped by check_init
+    elif how != SOURCE:
+      raise refused(scope, tie, col, how, write=write, crossed=crossed)
     if write:
       node = parent._mutable_collection(col)
     return node, tie.source[-1]
@@ -633,15 +677,6 @@ class TiedNames(MutableMapping):
 # ---------------------------------------------------------------------------
 
 
-def _check_present(scope, ties: InForce, col: str):
-  """A tied collection that is used must be given (or be mutable)."""
-  tie = ties.named_collections.get(col)
-  if tie is not None:
-    given = visible_collections(scope)
-    if col not in given:
-      raise tie_errors.collection_missing(tie, col, scope.path_text, given)
-
-
 def _untied(scope, col: str, write: bool):
   """``col`` as Flax finds it for ``scope`` (the ties of its parents followed)."""
   if write:
@@ -652,23 +687,18 @@ def _untied(scope, col: str, write: bool):
 def collection(scope, col: str, write: bool = False):
   """``Scope._collection`` of a scope with ties in force.
 
+  The normal form of ``col`` says what the ties make of ``scope.path``.
   Where a module tie targets ``scope``, ``col`` is its source's
-  (:func:`route`); otherwise Flax's own (``untied=True``). Where variable
+  (:func:`_resolve`); otherwise Flax's own (``untied=True``). Where variable
   ties target names in it, those names are their sources' (:class:`TiedNames`).
   With ``write``, this is ``Scope._mutable_collection``.
   """
   ties = scope.flags[TIES_FLAG]
-  form = ties.forms.get(col) or ties.form(col)
+  form = ties.forms[col]
   if col in scope._variables:  # resolved before, or its own (Flax's callers
     node = scope._variables[col]  # check that a write may land, first)
   else:
-    if (col in ties.named_collections
-        and col not in scope.root._variables
-        and not scope.is_mutable_collection(col)):
-      _check_present(scope, ties, col)
-    tie = form.at.get(scope.path)
-    node = (_untied(scope, col, write) if tie is None else
-            _module_collection(scope, tie, col, write))
+    node = _resolve(scope, ties, form, col, write)
   named = form.named.get(scope.path)
   if not named:
     return node
@@ -687,7 +717,7 @@ def share_rngs(scope):
   the source draws, and the source's own draws are left alone.
   """
   ties = scope.flags[TIES_FLAG]
-  tie = ties.form('params').at.get(scope.path)
+  tie = ties.forms['params'].at.get(scope.path)
   source = None if tie is None or tie.view is not None else reach(
       scope, tie.source, rngs=True)[0]
   if source is not None:
@@ -709,7 +739,7 @@ def check_param(scope, name: str, value, abs_value):
     return
   ties = scope.flags[TIES_FLAG]
   target = scope.path + (name,)
-  tie = (ties.forms.get('params') or ties.form('params')).covering(target)
+  tie = ties.forms['params'].covering(target)
   if tie is None or _alike(abs_value, value):
     return
   if ties.log is None and all(
@@ -794,7 +824,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
             tie, col, present, held_elsewhere(scope, tie.target, col))
     found = False
     for col in sorted([c for c in present if tie.applies_to(c)]):
-      form = found_ties.form(col)
+      form = found_ties.forms[col]
       top = form.covering(tie.target)
       for resolved in sorted([*(top,)[:top is not None],
                               *form.below.get(tie.target, ())],
@@ -881,8 +911,8 @@ def _check_copy(tie: Tie, col: str, copy, source, flat_source=None):
     raise tie_errors.kinds_differ(tie, col,
                                   target_is_module=isinstance(copy, Mapping))
   if flat_source is None:
-    flat_source = dict(flatten(jax.eval_shape(lambda s: viewed(tie, s),
-                                              source)))
+    flat_source = dict(flatten(jax.eval_shape(
+        lambda s: apply_views(tie, s), source)))
   for path, leaf in flatten(copy):
     if path not in flat_source:
       raise tie_errors.no_counterpart(tie, col, path, tie_errors.nearest(
