@@ -90,33 +90,42 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if not left_out(item)]
 
 @pytest.fixture
-def patch_mode(request, monkeypatch):
+def patch_mode(request):
   """Opts the test out of the patch in the opted-out mode.
 
   The patch is uninstalled for the test's duration, and the interpreters the
-  test starts (the demo, pytest runs) see ``FLAX_TIEEXT_AUTOPATCH=0``.
+  test starts (the demo, pytest runs) see ``FLAX_TIEEXT_AUTOPATCH=0``. Its own
+  MonkeyPatch, not the test's: the patch is installed again after the test's
+  fixtures have put back what they took from Flax.
   """
   if request.param != OPTED_OUT:
     yield request.param
     return
-  monkeypatch.setenv('FLAX_TIEEXT_AUTOPATCH', '0')
-  was_installed = flax_tieext.is_installed()
-  flax_tieext.uninstall()
-  try:
-    yield request.param
-  finally:
-    if was_installed:
-      flax_tieext.install()
+  with pytest.MonkeyPatch.context() as env:
+    env.setenv('FLAX_TIEEXT_AUTOPATCH', '0')
+    was_installed = flax_tieext.is_installed()
+    flax_tieext.uninstall()
+    try:
+      yield request.param
+    finally:
+      if was_installed:
+        flax_tieext.install()
 
 
 @pytest.fixture(autouse=True)
 def patch_installed(request):
-  """Installs the patch for a test marked ``installs_patch``, in either mode."""
+  """Sets the test's patch mode; installs the patch for ``installs_patch``.
+
+  The mode is requested here: pytest (9 at least) does not set up a fixture
+  that ``pytest_generate_tests`` only parametrizes, so without this request
+  every opted-out copy would run patched.
+  """
+  callspec = getattr(request.node, 'callspec', None)
+  if callspec is not None and 'patch_mode' in callspec.params:
+    request.getfixturevalue('patch_mode')  # opted out first, then install
   if request.node.get_closest_marker('installs_patch') is None:
     yield
     return
-  if 'patch_mode' in request.fixturenames:
-    request.getfixturevalue('patch_mode')  # opted out first, then install
   was_installed = flax_tieext.is_installed()
   flax_tieext.install()
   yield

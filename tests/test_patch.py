@@ -176,6 +176,16 @@ def test_opt_out_with_environment_variable():
   assert result.stdout.split() == ['False', 'False', 'True', 'True']
 
 
+def test_each_copy_runs_in_its_patch_mode(request):
+  # With --opted-out-too, the opted-out copy of a test runs with the patch
+  # uninstalled (conftest.patch_mode); pytest 9 did not set that fixture up,
+  # and every copy ran patched.
+  callspec = getattr(request.node, 'callspec', None)
+  mode = callspec.params.get('patch_mode', 'patched') if callspec else 'patched'
+  assert flax_tieext.is_installed() == (mode == 'patched'), mode
+  assert (os.environ.get('FLAX_TIEEXT_AUTOPATCH') == '0') == (mode != 'patched')
+
+
 @pytest.mark.own_patch_mode
 def test_import_patches_by_default():
   result = run_python("""
