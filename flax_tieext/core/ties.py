@@ -526,7 +526,9 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
 
   A tied collection that is used must be given (or be mutable). For a module
   tie the source's storage is read once and the use routed (:func:`route`);
-  a use refused raises last (:func:`refused`).
+  a use refused raises before anything is stored (:func:`refused`). The
+  source's tree is then seen through the tie's view (``apply_views``), and
+  handed to Flax, or copied into the target's own dict.
   """
   tie, crossed, node = form.at.get(scope.path), (), None
   if (col in ties.named_collections and col not in scope.root._variables
@@ -546,23 +548,23 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
            route(scope, tie, col, write=write,
                  found=bool(node) or tie.target in form.below,
                  given=_given(scope, col), crossed=crossed))
-  if how == SOURCE and not crossed and tie.view is None:
-    if write:
-      node = reach(scope, tie.source)[0]._mutable_collection(col)
-    elif not node:
-      return FrozenDict()  # a mutable collection the source has not written
-    scope._variables[col] = node
-    return node
-  if how == COPY:
-    if col != 'params' and not write:
+    if how == COPY and col != 'params' and not write:
       return _untied(scope, col, write)  # nothing of its own yet
+  if how not in (SOURCE, COPY):
+    raise refused(scope, tie, col, how, write=write, crossed=crossed)
+  seen = node if tie.view is None else apply_views(tie, node)
+  if how == COPY:
     own = _own(scope, col)  # checked and dropped by check_init
-    _fill(own, node, tie)
+    _fill(own, seen)
     return own
-  if how == SOURCE:  # through a view, or a closed-over value: never cached
-    node = node if tie.view is None else apply_views(tie, node)
-    return freeze(node) if crossed else node
-  raise refused(scope, tie, col, how, write=write, crossed=crossed)
+  if crossed or tie.view is not None:  # a closed-over value, or a view:
+    return freeze(seen) if crossed else seen  # never cached
+  if write:
+    seen = reach(scope, tie.source)[0]._mutable_collection(col)
+  elif not seen:
+    return FrozenDict()  # a mutable collection the source has not written
+  scope._variables[col] = seen
+  return seen
 
 
 def _given(scope, col: str) -> bool:
@@ -591,14 +593,13 @@ def _own(scope, col: str):
   return own
 
 
-def _fill(own, source, tie: Tie, under=()):
+def _fill(own, source):
   """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared)."""
   for name, value in (source.items() if isinstance(source, Mapping) else ()):
     if type(value) is dict or isinstance(value, Mapping):
-      _fill(own.setdefault(name, {}), value, tie, (*under, name))
+      _fill(own.setdefault(name, {}), value)
     elif name not in own:
-      own[name] = (value if tie.view is None
-                   else apply_view(tie, value, (*under, name)))
+      own[name] = value
 
 
 class TiedNames(MutableMapping):
