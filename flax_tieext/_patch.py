@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.abc
+import inspect
 import os
 import sys
 import threading
@@ -276,6 +277,43 @@ def _scope_variables(variables):
   return tied_variables
 
 
+def _nnx_scan(scan):
+  """``nnx.scan``: a failed call that sliced a tied source names the tie.
+
+  Where JAX refuses the leading axes of what the scan slices, a source that
+  an NNX tie broadcasts into a stack may be among them; the hook asks
+  ``tielib.sliced_source`` and raises its TieError from JAX's error, or lets
+  the error pass. A call that does not fail runs Flax's own. Upstream,
+  ``scan`` would ask where it calls ``jax.lax.scan``. Without tree mode
+  (``graph=``) there are no NNX ties, and Flax's ``scan`` stays.
+  """
+  params = inspect.signature(scan).parameters
+  if 'graph' not in params:
+    return scan
+  missing, default_axes = params['f'].default, params['in_axes'].default
+
+  @functools.wraps(scan)
+  def scan_naming_ties(f=missing, **kwargs):
+    if f is missing:  # a decorator with arguments
+      return functools.partial(scan_naming_ties, **kwargs)
+    scanned = scan(f, **kwargs)
+
+    @functools.wraps(scanned)
+    def call(*args, **call_kwargs):
+      try:
+        return scanned(*args, **call_kwargs)
+      except ValueError as error:
+        from flax_tieext.nnx import tielib  # pylint: disable=g-import-not-at-top
+        sliced = tielib.sliced_source(kwargs.get('in_axes', default_axes), args)
+        if sliced is None:
+          raise
+        raise sliced from error
+
+    return call
+
+  return scan_naming_ties
+
+
 def _activating(declare):
   """``ties.declare`` that binds the tie machinery first (once)."""
   @functools.wraps(declare)
@@ -318,22 +356,14 @@ def _partitioning_bindings() -> list[_Binding]:
 def _nnx_bindings() -> list[_Binding]:
   """``nnx.remat``, under every name Flax exports it by (none without NNX).
 
-  With tree mode (NNX ties), also ``nnx.scan``, which then names a tied
-  source it slices (``tielib.checked_scan``).
+  Also ``nnx.scan``, which names a tied source it slices (:func:`_nnx_scan`).
   """
   aliases = _compat.nnx_facts()['NNX_REMAT_ALIASES']  # read before binding
   if not aliases:
     return []
-  # pylint: disable=g-import-not-at-top
-  from flax_tieext.nnx import _tree_mode
-  from flax_tieext.nnx.transforms import remat
-  # pylint: enable=g-import-not-at-top
-  bindings = [_Binding(owner, attr, _Use(remat)) for owner, attr in aliases]
-  if _tree_mode.TREE_MODE:
-    from flax_tieext.nnx import tielib  # pylint: disable=g-import-not-at-top
-    bindings.append(
-        _Binding(sys.modules[_compat.NNX], 'scan', tielib.checked_scan))
-  return bindings
+  from flax_tieext.nnx.transforms import remat  # pylint: disable=g-import-not-at-top
+  return [*(_Binding(owner, attr, _Use(remat)) for owner, attr in aliases),
+          _Binding(sys.modules[_compat.NNX], 'scan', _nnx_scan)]
 
 
 # Modules the patch does not import, each with its bindings, applied right

@@ -236,11 +236,11 @@ def test_nnx_scan_wrapper_is_bound_once_and_uninstalled():
   pytest.importorskip('flax.nnx', exc_type=ImportError)
   result = run_python("""
       from flax import nnx
-      from flax.nnx.transforms import iteration
       import flax_tieext
       from flax_tieext.nnx import _tree_mode
       print(_tree_mode.TREE_MODE)
       if _tree_mode.TREE_MODE:
+        from flax.nnx.transforms import iteration
         print(nnx.scan.__wrapped__ is iteration.scan)
         flax_tieext.uninstall()
         print(nnx.scan is iteration.scan)
@@ -252,6 +252,15 @@ def test_nnx_scan_wrapper_is_bound_once_and_uninstalled():
   if result.stdout.split() == ['False']:
     pytest.skip(f'Flax {_compat.FLAX_VERSION}: no NNX tree mode, no NNX ties')
   assert result.stdout.split() == ['True'] * 4
+  # flax_tieext.nnx imported first: its import of flax.nnx binds the hook.
+  result = run_python("""
+      import flax_tieext.nnx
+      from flax import nnx
+      from flax.nnx.transforms import iteration
+      print(nnx.scan.__wrapped__ is iteration.scan)
+  """, FLAX_TIEEXT_AUTOPATCH='1')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['True']
 
 
 @pytest.mark.needs_patch

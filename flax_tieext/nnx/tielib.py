@@ -44,7 +44,6 @@ from flax.nnx import reprlib
 from flax.nnx import variablelib
 
 from flax.core import meta
-from flax.typing import Missing
 
 from flax_tieext.core import tie_convert
 from flax_tieext.core import tie_errors
@@ -378,40 +377,15 @@ def _sliced(module, record: Tie, source, how: str) -> TieError:
   )
 
 
-def checked_scan(scan):
-  """``nnx.scan`` that names a tied source it slices where JAX cannot.
+def sliced_source(in_axes, args) -> TieError | None:
+  """The error for the first broadcast source that ``in_axes`` slices.
 
-  A source broadcast into a stack (see :func:`tie`) must be given None in
-  the scan's prefix. When it is not, and its leading axis matches the
-  stack's, the rebuild inside the scan refuses it (:func:`_check_broadcast`);
-  when the lengths differ, ``jax.lax.scan`` refuses first, with the leading
-  sizes of every sliced leaf and no path. This wrapper only looks on that
-  error: it raises the tie's own ``TieError`` from it, or lets it pass.
+  Asked by the patched ``nnx.scan`` where its call fails: a source broadcast
+  into a stack (see :func:`tie`) must be given None in the scan's prefix.
+  When it is not and its leading axis matches the stack's, the rebuild
+  inside the scan refuses it (:func:`_check_broadcast`); when the lengths
+  differ, ``jax.lax.scan`` refuses first, naming only the leading sizes.
   """
-
-  @functools.wraps(scan)
-  def scan_naming_ties(f=Missing, **kwargs):
-    if f is Missing:  # as a decorator with arguments
-      return functools.partial(scan_naming_ties, **kwargs)
-    scanned = scan(f, **kwargs)
-
-    @functools.wraps(scanned)
-    def call(*args):
-      try:
-        return scanned(*args)
-      except ValueError as error:
-        sliced = _sliced_source(kwargs.get('in_axes', (nnx.Carry, 0)), args)
-        if sliced is None:
-          raise
-        raise sliced from error
-
-    return call
-
-  return scan_naming_ties
-
-
-def _sliced_source(in_axes, args) -> TieError | None:
-  """The error for the first broadcast source that ``in_axes`` slices."""
   broadcast = {}  # id of a broadcast source -> (module, its tie)
   for module in jax.tree.leaves(args, is_leaf=lambda x: isinstance(
       x, nnx.Pytree) and _BROADCAST_RANKS in vars(x)):
