@@ -184,12 +184,12 @@ def untie_variables(
                  key=lambda found: len(found[0].target))
   for tie, col, value, stack in found:  # untied already: only as written
     present = tie_spec.walk(out[col], tie.target)
-    if present and not _holds(tie, col, present, value, stack):
+    if present and not holds(tie, col, present, value, stack):
       raise tie_errors.convert_target_present(tie, col)
   for tie, col, value, stack in found:
     if stack is not None:
       value = jax.tree_util.tree_map(
-          lambda x, n=stack[1]: _stacked(x, n), value, is_leaf=tie_spec.is_box)
+          lambda x, n=stack[1]: stack_layers(x, n), value, is_leaf=tie_spec.is_box)
     out[col] = _with_path(out[col], tie.target, value)
   return out
 
@@ -216,9 +216,9 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
             verb, tie, col, tie_errors.nearest(tree[col], tie.source))
       _check_tied_stacks(source, tie, col, stacks or {}, verb)
       if stacks is None and verb == 'untie':
-        _refuse_unnamed_stack(tree[col], tie, col)
+        refuse_unnamed_stack(tree[col], tie, col)
       if stack is not None:
-        _check_layers(tree[col], tie, col, stack, verb)
+        check_layers(tree[col], tie, col, stack, verb)
       yield tie, col, tie_spec.apply_views(tie, source), stack
 
 
@@ -262,7 +262,7 @@ def _check_tied_stacks(source, tie, col, stacks, verb):
         f' stacks={{{"/".join(twin)!r}: {n}, {"/".join(path)!r}: {n}}}.')
 
 
-def _check_layers(tree, tie, col, stack, verb):
+def check_layers(tree, tie, col, stack, verb):
   """The stack's count must be the leading axis of what is stored beside.
 
   The variables of a stack other than the target (its siblings) have one
@@ -283,7 +283,7 @@ def _check_layers(tree, tie, col, stack, verb):
           verb, tie, col, path, layers, path + leaf_path, shape)
 
 
-def _refuse_unnamed_stack(tree, tie, col):
+def refuse_unnamed_stack(tree, tie, col):
   """A target below stacked variables would be written unstacked: refuse."""
   source = tie_spec.walk(tree, tie.source)
   source_leaves = {} if source is None else dict(tie_spec.flatten(source))
@@ -303,7 +303,7 @@ def _refuse_unnamed_stack(tree, tie, col):
       raise tie_errors.unnamed_stack(tie, col, tie.target[:depth], n)
 
 
-def _stacked(x, layers):
+def stack_layers(x, layers):
   """``x`` repeated along a new leading axis of ``layers`` (boxes too).
 
   A ``jax.Array`` is broadcast on its devices; a ``NamedSharding`` gains an
@@ -311,7 +311,7 @@ def _stacked(x, layers):
   """
   if tie_spec.is_box(x):
     names = getattr(x, 'names', None)
-    stacked = x.replace_boxed(_stacked(x.unbox(), layers))
+    stacked = x.replace_boxed(stack_layers(x.unbox(), layers))
     return stacked if names is None else stacked.replace(
         names=(None, *names))
   if isinstance(x, jax.Array):
@@ -381,7 +381,7 @@ def _check_like(tie, col: str, target, expected, stack=None):
           f' ({x_shape}:{x_dtype} vs {y_shape}:{y_dtype}).' + hint)
 
 
-def _holds(tie, col: str, target, expected, stack) -> bool:
+def holds(tie, col: str, target, expected, stack) -> bool:
   """Whether a stored target equals what its source gives it."""
   try:
     _check_like(tie, col, target, expected, stack)

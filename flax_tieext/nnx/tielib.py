@@ -717,9 +717,9 @@ def untie_state(state: nnx.State, ties,
                   if tie_spec.is_within(record.target[:-1], path)
                   and not tie_spec.is_within(record.source, path)), None)
     if stacks is None:
-      tie_convert._refuse_unnamed_stack(tree, record, None)  # pylint: disable=protected-access
+      tie_convert.refuse_unnamed_stack(tree, record, None)
     elif stack is not None:
-      tie_convert._check_layers(tree, record, None, stack, 'untie')  # pylint: disable=protected-access
+      tie_convert.check_layers(tree, record, None, stack, 'untie')
     source = flat[record.source]
     value = source.get_value()
     if record.view is not None:
@@ -732,12 +732,11 @@ def untie_state(state: nnx.State, ties,
           record, meta.Partitioned(source.get_value(), v)).names
                for k, v in names.items()}
     if stack is not None:  # as nnx.vmap stacks: a new unnamed axis 0
-      value = tie_convert._stacked(value, stack[1])  # pylint: disable=protected-access
+      value = tie_convert.stack_layers(value, stack[1])
       names = {k: (None, *v) for k, v in names.items()}
     if record.target in flat:  # untied already: only as it would be written
-      have = flat[record.target].get_value()
-      if (jax.numpy.shape(have) != value.shape or have.dtype != value.dtype
-          or not bool(jax.numpy.array_equal(have, value))):
+      if not tie_convert.holds(record, None, flat[record.target].get_value(),
+                               value, None):
         raise tie_errors.convert_target_present(record, None)
       continue
     flat[record.target] = source.replace(value)
