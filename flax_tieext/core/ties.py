@@ -33,6 +33,7 @@ source's variables, checked and dropped when the declaring call returns
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sys
 import types
 import weakref
@@ -391,15 +392,19 @@ def held_elsewhere(scope, path: Path, col: str | None) -> str:
 
 SOURCE = 'source'  # the source's storage (read-only across a transform)
 COPY = 'copy'  # init: the target's own copy, starting as the source's values
-# Why a use is refused (:func:`refused` says it):
-MISSING = 'missing'  # a tied collection used, neither given nor mutable
-UNREACHABLE = 'unreachable'  # a source outside every scope the use reaches
-KINDS = 'kinds'  # a module tied to a variable
-GIVEN = 'given'  # values given at apply for a target
-INSIDE = 'inside'  # a tie declared inside a transform that cannot lift it
-CANNOT_LAND = 'cannot land'  # a write, or init, of a closed-over source
-READ_ONLY = 'read-only'  # a write through a view
-NOT_STORED = 'not stored'  # a source that is not stored
+
+
+class Refused(enum.Enum):
+  """Why a use of a tied collection is refused (:func:`refused` says it)."""
+
+  MISSING = 'a tied collection used, neither given nor mutable'
+  UNREACHABLE = 'a source outside every scope the use reaches'
+  KINDS = 'a module tied to a variable'
+  GIVEN = 'values given at apply for a target'
+  INSIDE = 'a tie declared inside a transform that cannot lift it'
+  CANNOT_LAND = 'a write, or init, of a closed-over source'
+  READ_ONLY = 'a write through a view'
+  NOT_STORED = 'a source that is not stored'
 
 
 def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
@@ -419,11 +424,11 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
     crossed: the records of the lifted transforms between target and source.
 
   Returns:
-    :data:`SOURCE` or :data:`COPY`; or why the use is refused, which the
-    caller raises (:func:`refused`): values given at ``apply`` for a target;
-    a source outside a transform that declares nothing; a write or
-    initialization that cannot land in a closed-over source; a write
-    through a view; a source that is not stored.
+    :data:`SOURCE` or :data:`COPY`; or why the use is refused, a
+    :class:`Refused` that the caller raises (:func:`refused`): values given
+    at ``apply`` for a target; a source outside a transform that declares
+    nothing; a write or initialization that cannot land in a closed-over
+    source; a write through a view; a source that is not stored.
   """
   initializing = (scope.get_flag('initializing', False)
                   and scope.is_mutable_collection(col))
@@ -433,50 +438,52 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
   inside = (declared_inside(tie, col, crossed)
             if crossed and (found or not copy) else None)
   if given and not initializing:  # apply would ignore them
-    return GIVEN
+    return Refused.GIVEN
   if inside is not None:
-    return INSIDE
+    return Refused.INSIDE
   if not copy:
     if crossed and (write or not found):
-      return CANNOT_LAND
+      return Refused.CANNOT_LAND
     if write and tie.view is not None:
-      return READ_ONLY
+      return Refused.READ_ONLY
     if not found and not write and not scope.is_mutable_collection(col):
-      return NOT_STORED
+      return Refused.NOT_STORED
   if found:
     _used(scope).add((tie.target, col))
   return COPY if copy else SOURCE
 
 
-def refused(scope, tie: Tie, col: str, why: str, *, write: bool = False,
+def refused(scope, tie: Tie, col: str, why: Refused, *, write: bool = False,
             crossed=()) -> tie_errors.TieError:
   """The TieError of a use of ``col`` at ``scope`` that ``why`` refuses.
 
   The one place that says why; what it names nearby is read first.
   """
   where = scope.path_text
-  given = visible_collections(scope) if why == MISSING else ()
+  given = visible_collections(scope) if why == Refused.MISSING else ()
   tree = stored(scope, (), col) or {}
-  holders = _holders(scope, tie.source, col) if why == NOT_STORED else ()
-  inside = declared_inside(tie, col, crossed) if why == INSIDE else None
-  transform = _declared_in(scope) if why == UNREACHABLE else None
-  if why == MISSING:
+  holders = (_holders(scope, tie.source, col) if why == Refused.NOT_STORED
+             else ())
+  inside = (declared_inside(tie, col, crossed) if why == Refused.INSIDE
+            else None)
+  transform = _declared_in(scope) if why == Refused.UNREACHABLE else None
+  if why == Refused.MISSING:
     return tie_errors.collection_missing(tie, col, where, given)
-  if why == UNREACHABLE:
+  if why == Refused.UNREACHABLE:
     return (tie_errors.unreachable(tie, col, where) if transform is None else
             tie_errors.declared_inside(tie, col, where, transform))
-  if why == KINDS:
+  if why == Refused.KINDS:
     return tie_errors.kinds_differ(tie, col, target_is_module=True)
-  if why == GIVEN:
+  if why == Refused.GIVEN:
     return tie_errors.given_for_target(tie, col)
-  if why == INSIDE:
+  if why == Refused.INSIDE:
     return tie_errors.declared_inside(tie, col, where, inside.name)
-  if why == CANNOT_LAND:
+  if why == Refused.CANNOT_LAND:
     return tie_errors.cannot_land(
         tie, col, where, [lift.name for lift in crossed], write,
         '' if write else tie_errors.nearest(tree, tie.source),
         is_within(tie.declared_at, scope.root.path))
-  if why == READ_ONLY:
+  if why == Refused.READ_ONLY:
     return tie_errors.read_only(tie, col, where)
   return tie_errors.source_not_stored(tie, col, where, tie_errors.near(
       tie.source, scope.root.path, holders, tree))
@@ -534,15 +541,15 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
   if (col in ties.named_collections and col not in scope.root._variables
       and not scope.is_mutable_collection(col)
       and col not in visible_collections(scope)):
-    tie, how = ties.named_collections[col], MISSING
+    tie, how = ties.named_collections[col], Refused.MISSING
   elif tie is None:
     return _untied(scope, col, write)
   else:
     base, crossed = locate(scope, tie.source)
     # A final source lies below no target: its dicts are reached by name.
     node = base and _read(base.root, tie.source, col)
-    how = (UNREACHABLE if base is None else
-           KINDS if node is not None and not isinstance(node, Mapping) else
+    how = (Refused.UNREACHABLE if base is None else
+           Refused.KINDS if node is not None and not isinstance(node, Mapping) else
            # A source whose every variable is tied elsewhere stores nothing:
            # the target's tied paths below it resolve on their own.
            route(scope, tie, col, write=write,
@@ -550,7 +557,7 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
                  given=_given(scope, col), crossed=crossed))
     if how == COPY and col != 'params' and not write:
       return _untied(scope, col, write)  # nothing of its own yet
-  if how not in (SOURCE, COPY):
+  if isinstance(how, Refused):
     raise refused(scope, tie, col, how, write=write, crossed=crossed)
   seen = node if tie.view is None else apply_views(tie, node)
   if how == COPY:
@@ -621,7 +628,7 @@ class TiedNames(MutableMapping):
     scope, col = self._scope, self._col
     parent, crossed = reach(scope, tie.source[:-1])
     if parent is None:
-      raise refused(scope, tie, col, UNREACHABLE)
+      raise refused(scope, tie, col, Refused.UNREACHABLE)
     node = parent._collection(col)
     found = node.get(tie.source[-1]) if isinstance(node, Mapping) else None
     if isinstance(found, Mapping):
@@ -631,7 +638,7 @@ class TiedNames(MutableMapping):
     if how == COPY:
       if write or found is None:
         return None  # the target's own copy, checked and dropped by check_init
-    elif how != SOURCE:
+    elif isinstance(how, Refused):
       raise refused(scope, tie, col, how, write=write, crossed=crossed)
     if write:
       node = parent._mutable_collection(col)
