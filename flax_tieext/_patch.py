@@ -46,6 +46,7 @@ import inspect
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any, Callable
 import warnings
 
@@ -152,6 +153,10 @@ def _bindings() -> list[_Binding]:
       # for it, and so does a declaration.
       _Binding(our_linen, '_machinery', use(_bind_machinery)),
       _Binding(ties, 'declare', _activating),
+      # ... and an init computes its output again where a target ran first
+      # (bound now: the first tie may be declared inside the first init).
+      _Binding(flax_core, 'init', _core_init),
+      _Binding(core_scope, 'init', _core_init),
   ]
 
 
@@ -210,6 +215,34 @@ def _partial_pack(pack):
     return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
             *rest)
   return tied_partial_pack
+
+
+def _core_init(init):
+  """``flax.core.init``: where a target ran first, the output is computed again.
+
+  Upstream, ``init``'s wrapper would call ``ties.init_once_more`` itself. A
+  target that runs before its source computes with a copy; where the copy
+  differs from what ``init`` stores for the source, the output is computed
+  again with the stored variables given, as ``apply`` computes it, and the
+  variables are the first call's.
+  """
+  @functools.wraps(init)
+  def tied_init(fn, mutable=True, flags=None):
+    first = init(fn, mutable, flags)
+    if mutable is False:  # no variables come back to compute with
+      return first
+
+    @functools.wraps(first)
+    def wrapper(rngs, *args, **kwargs):
+      def again(variables):
+        keys = rngs if isinstance(rngs, Mapping) else {'params': rngs}
+        return core_scope.apply(
+            fn, mutable=mutable, flags={**(flags or {}), 'initializing': True}
+        )(variables, *args, rngs=keys, **kwargs)[0]
+      return ties.init_once_more(
+          lambda: first(rngs, *args, **kwargs), again)
+    return wrapper
+  return tied_init
 
 
 def _scope_push(push):

@@ -216,6 +216,134 @@ def test_target_in_a_branch_before_its_source_draws_the_source_values(kind):
   assert_close(y, tied.apply(variables, X))
 
 
+# The target's own draws are not the source's where the source restarts its
+# streams (nn.jit, nn.fold_rngs), for a single tied variable (no counterpart
+# draw) and for a tie of another collection than params (no shared streams).
+FIRST_WRAPS = {**WRAPS}
+if hasattr(nn, 'fold_rngs'):  # Flax >= 0.10
+  FIRST_WRAPS['fold_rngs'] = nn.fold_rngs
+FIRST_TIES = {
+    'module': ({'b': 'a'}, ('params', 'graph')),
+    'variable': ({'b/dense/kernel': 'a/dense/kernel'}, 'params'),
+    'graph': ({'b': 'a'}, 'graph'),
+}
+
+
+class TargetFirst(nn.Module):
+  """``b`` runs before ``a``, each in the transform drawn for it."""
+  source_wrap: str
+  target_wrap: str
+
+  @nn.compact
+  def __call__(self, x):
+    b = FIRST_WRAPS[self.target_wrap](DrawnMasked)(name='b')
+    a = FIRST_WRAPS[self.source_wrap](DrawnMasked)(name='a')
+    y = b(x)
+    return a(x) + y
+
+
+@installs_patch
+@pytest.mark.parametrize('kind', sorted(FIRST_TIES))
+@pytest.mark.parametrize('target_wrap', ['none', 'remat', 'jit'])
+@pytest.mark.parametrize('source_wrap', sorted(FIRST_WRAPS))
+def test_a_target_that_runs_first_gives_init_the_output_of_apply(
+    source_wrap, target_wrap, kind):
+  """init's output used the target's own draws, not what init stores."""
+  ties, collections = FIRST_TIES[kind]
+  tied = nn.tie(TargetFirst, ties, collections=collections)(
+      source_wrap, target_wrap)
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  assert_close(y, tied.apply(variables, X))
+  # What init stores is the source's own init, as before.
+  untied = TargetFirst(source_wrap, target_wrap).init(jax.random.key(0), X)
+  for col in variables:
+    assert_trees(np.testing.assert_array_equal, variables[col]['a'],
+                 untied[col]['a'])
+
+
+@installs_patch
+@pytest.mark.parametrize('source_wrap', ['jit', 'none'])
+def test_a_target_that_runs_first_under_jax_jit_gives_the_output_of_apply(
+    source_wrap):
+  """Traced values cannot be compared: the order of first writes decides."""
+  tied = nn.tie(TargetFirst, {'b': 'a'}, collections=['params', 'graph'])(
+      source_wrap, 'remat')
+  for _ in range(2):  # the second init replays nn.jit's cached trace
+    y, variables = jax.jit(tied.init_with_output)(jax.random.key(0), X)
+    assert_close(y, tied.apply(variables, X))
+
+
+@installs_patch
+@pytest.mark.parametrize('target_first', [False, True],
+                         ids=['source_first', 'target_first'])
+def test_init_runs_again_only_where_a_target_ran_first_with_other_values(
+    target_first):
+  """A target after its source, or one that draws alike, costs no second run."""
+  calls = []
+
+  class Counted(nn.Module):
+    """DrawnMasked that counts its calls in Python (a trace runs it once)."""
+
+    @nn.compact
+    def __call__(self, x):
+      calls.append(self.name)
+      return DrawnMasked(name='inner')(x)
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      a, b = Counted(name='a'), Counted(name='b')
+      return a(b(x)) if target_first else b(a(x))
+
+  tied = nn.tie(Model, {'b': 'a'}, collections='graph')()
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  # A graph tie shares no rng streams: a target that ran first drew another
+  # mask, and init ran once more, as apply runs.
+  assert calls == (['b', 'a'] * 2 if target_first else ['a', 'b'])
+  assert_close(y, tied.apply(variables, X))
+
+
+class Counter(nn.Module):
+  """Counts its calls in ``stats`` while initializing too (order-sensitive)."""
+
+  @nn.compact
+  def __call__(self, x):
+    count = self.variable('stats', 'count', jnp.zeros, (), jnp.int32)
+    count.value = count.value * 2 + 1
+    return nn.Dense(D, name='dense')(x) * count.value
+
+
+class Counters(nn.Module):
+  wrap: str
+  target_first: bool
+
+  @nn.compact
+  def __call__(self, x):
+    a = WRAPS[self.wrap](Counter)(name='a')
+    b = a if self.target_first is None else WRAPS[self.wrap](Counter)(name='b')
+    return a(b(x)) if self.target_first else b(a(x))
+
+
+@installs_patch
+@pytest.mark.parametrize('ties', [{'b': 'a'}, {'b/count': 'a/count'}],
+                         ids=['module', 'variable'])
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_an_init_time_write_lands_in_the_source_or_raises(wrap, ties):
+  """A write before the source exists went to the dropped copy, silently."""
+  tied = nn.tie(Counters, ties, collections=['params', 'stats'])
+  shared = Counters(wrap, None)  # one module called twice
+  y, variables = tied(wrap, False).init_with_output(jax.random.key(0), X)
+  want = shared.init(jax.random.key(0), X)
+  assert_trees_equal(variables['stats']['a'], want['stats']['a'])  # 3
+  assert 'count' not in variables['stats'].get('b', {})
+  with pytest.raises(TieError) as info:
+    tied(wrap, True).init(jax.random.key(0), X)
+  message = str(info.value)
+  assert_message_names(message, '/b/count', '/a/count', "'stats'",
+                       'before its source', 'is_initializing')
+  assert_says_how_to_fix(message)
+
+
 # ---------------------------------------------------------------------------
 # Shape and dtype: a use that does not fit its source is refused.
 # ---------------------------------------------------------------------------

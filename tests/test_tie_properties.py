@@ -39,10 +39,9 @@ the sum over its uses), called as drawn: ``apply``, ``apply(method=...)`` of
 one group, or ``bind`` then a direct call of that group (the groups are built
 in ``setup``). The tied model must store each source once, initialize the
 same variables when its sites run in the reverse order, and, without dropout
-and writes, return from ``init_with_output`` what ``apply`` returns (in
-reverse order too, unless a single variable is tied or the sites use
-``nn.jit`` / ``nn.fold_rngs``: a target that runs first initializes a copy
-from its source's rng streams, see docs/design.md).
+and writes, return from ``init_with_output`` what ``apply`` returns, in
+reverse order too (where a target that runs first computed with values its
+source does not store, init computes its output again; see docs/design.md).
 
 ``TIE_PROPERTY_EXAMPLES`` sets the number of examples (8; the newest
 release's ``nox -s matrix`` session draws 20).
@@ -367,17 +366,12 @@ def test_tied_model_equals_hand_shared_reference(layout, levels, call, group,
   assert_trees(np.testing.assert_array_equal,
                reverse.init(jax.random.key(0), x), variables)
 
-  # init_with_output returns what apply of its variables returns. In reverse
-  # order a target runs first and initializes a copy from its source's rng
-  # streams: a single variable has no counterpart draw, nn.jit /
-  # nn.fold_rngs restart the streams of a source inside them, and a source in
-  # a branch stores the draws of the selected branch, after the others
-  # advanced its counter (docs/design.md, "Init").
-  restarts = {'jit', 'fold_rngs'} & {w for w, sites in layout for w in
-                                     (w, *(s for s, _ in sites))}
-  restarts |= set(BRANCHES) & {
-      s for s, inst in source_sites(layout) if levels[inst] == 'module'}
-  for order in [False] if 'kernel' in levels or restarts else [False, True]:
+  # init_with_output returns what apply of its variables returns, in both
+  # orders: a target that runs first computes with a copy, and where the copy
+  # is not its source's values (a single variable, a source under nn.jit /
+  # nn.fold_rngs or in a branch) init computes its output again from the
+  # variables it stores (docs/design.md, "Init").
+  for order in [False, True]:
     pure = build(layout, levels, False, reverse=order, pure=True,
                  attribute=attribute)()
     y, pure_variables = pure.init_with_output(jax.random.key(0), x)

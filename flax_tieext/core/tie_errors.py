@@ -349,6 +349,19 @@ def source_missing_at_init(tie, col: str, hint: str) -> TieError:
       'Initialize with a method that also runs the source.')
 
 
+def written_before_source(tie, col: str, path: Path) -> TieError:
+  return tie_error(
+      f'{text(tie.target + path)} is written while initializing, before its'
+      f' source {text(tie.source + path)} exists (the {tie.describe(col)}).'
+      ' The tie makes them one variable, but a use that runs before its'
+      ' source holds a copy that init drops, so the write could not land;'
+      ' one module called at both places would keep it.',
+      f'Run the source {text(tie.source)} before the target while'
+      ' initializing.',
+      'Write only after init (`if not self.is_initializing(): ...`), as'
+      " Flax's own modules do.")
+
+
 def ties_nothing(tie, cols: str, hint: str) -> TieError:
   return tie_error(
       f'The {tie.describe()} ties nothing: neither {text(tie.target)} nor'

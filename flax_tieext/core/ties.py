@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -363,6 +364,59 @@ class InitLog:
     self.used: set[tuple[Path, str]] = set()
 
 
+class InitRun:
+  """One ``init`` call, as the checks at the end of its declaring calls see it.
+
+  ``again`` is set where a target ran before its source and computed with a
+  copy that differs from the values stored for the source: the output of that
+  ``init`` is then computed again from the variables it stores
+  (:func:`init_once_more`), as ``apply`` of them computes it.
+  """
+
+  def __init__(self, replaying: bool = False):
+    self.replaying, self.again = replaying, False
+    self.first: set[tuple[Path, str]] = set()  # targets that ran first
+
+
+_INIT_RUNS = threading.local()
+
+
+def _init_runs() -> list[InitRun]:
+  runs = getattr(_INIT_RUNS, 'runs', None)
+  if runs is None:
+    runs = _INIT_RUNS.runs = []
+  return runs
+
+
+def init_once_more(init, again):
+  """``init()`` (one ``init`` call); its output again where a check asks.
+
+  Args:
+    init: runs the init, giving ``(output, variables)``.
+    again: ``again(variables)`` computes the output from ``variables`` (the
+      same function, arguments and rngs, with the variables given).
+
+  Returns:
+    ``(output, variables)``: the variables are what ``init`` stores; the
+    output is ``again``'s where a target that ran before its source
+    computed with values its source does not store (:func:`_ran_first`).
+  """
+  runs = _init_runs()
+  run = InitRun()
+  runs.append(run)
+  try:
+    y, variables = init()
+  finally:
+    runs.pop()
+  if run.again:
+    runs.append(InitRun(replaying=True))
+    try:
+      y = again(variables)
+    finally:
+      runs.pop()
+  return y, variables
+
+
 def _used(scope) -> set:
   """The ``used`` set of the init ``scope`` is part of (empty outside one)."""
   found = in_force(scope)
@@ -450,6 +504,8 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
       return Refused.NOT_STORED
   if found:
     _used(scope).add((tie.target, col))
+  elif copy and _init_runs():
+    _init_runs()[-1].first.add((tie.target, col))
   return COPY if copy else SOURCE
 
 
@@ -561,7 +617,7 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
     raise refused(scope, tie, col, how, write=write, crossed=crossed)
   seen = node if tie.view is None else apply_views(tie, node)
   if how == COPY:
-    own = _own(scope, col)  # checked and dropped by check_init
+    own = _own(scope, col, None if node else tie)  # dropped by check_init
     _fill(own, seen)
     return own
   if crossed or tie.view is not None:  # a closed-over value, or a view:
@@ -588,16 +644,51 @@ def _given(scope, col: str) -> bool:
   return bool(stored(scope, scope.path, col))
 
 
-def _own(scope, col: str):
-  """The scope's own dict of ``col``, created where Flax creates it."""
+def _own(scope, col: str, first: Tie | None = None):
+  """The scope's own dict of ``col``, created where Flax creates it.
+
+  With ``first``, the tie of a target whose source does not exist yet: a
+  dict created now refuses a second write of a name (:class:`FirstCopy`).
+  """
+  fresh = FirstCopy(first, col) if first is not None else {}
   if scope.parent is None:
-    return scope._variables.setdefault(col, {})
+    return scope._variables.setdefault(col, fresh)
   parent = scope.parent._mutable_collection(col)
   if isinstance(parent, TiedNames):  # the copy is the parent's own entry
     parent = parent.own
-  own = parent.setdefault(scope.name, {})
+  own = parent.setdefault(scope.name, fresh)
   scope._variables[col] = own
   return own
+
+
+class FirstCopy(dict):
+  """The copy of a target that runs before its source, while initializing.
+
+  Flax writes a variable here when it creates it; a second write would be
+  lost with the copy (the source does not exist yet to take it), and raises
+  the tie's TieError. A submodule's dict, which Flax adds empty, is one too.
+  """
+
+  def __init__(self, tie: Tie, col: str, at: Path = ()):
+    super().__init__()
+    self.tie, self.col, self.at = tie, col, at
+
+  def __setitem__(self, name, value):
+    if name in self and not isinstance(value, Mapping):
+      raise tie_errors.written_before_source(self.tie, self.col,
+                                             self.at + (name,))
+    if type(value) is dict and not value:
+      value = FirstCopy(self.tie, self.col, self.at + (name,))
+    super().__setitem__(name, value)
+
+
+# A copy that leaves a transform is a dict again (JAX knows no subclass).
+jax.tree_util.register_pytree_with_keys(
+    FirstCopy,
+    lambda d: ([(jax.tree_util.DictKey(k), d[k]) for k in sorted(d)],
+               tuple(sorted(d))),
+    lambda names, values: dict(zip(names, values)),
+    lambda d: ([d[k] for k in sorted(d)], tuple(sorted(d))))
 
 
 def _fill(own, source):
@@ -636,6 +727,8 @@ class TiedNames(MutableMapping):
     how = route(scope, tie, col, write=write, given=name in self.own,
                 found=found is not None, crossed=crossed)
     if how == COPY:
+      if write and found is None and name in self.own:
+        raise tie_errors.written_before_source(tie, col, ())
       if write or found is None:
         return None  # the target's own copy, checked and dropped by check_init
     elif isinstance(how, Refused):
@@ -865,12 +958,55 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       flat = dict(flatten(source))
       sources[key] = source, crossed, flat
     _check_copy(tie, col, copy, source, flat if tie.view is None else None)
+    runs = _init_runs()
+    if runs and not runs[-1].again and not runs[-1].replaying:
+      runs[-1].again = _ran_first(scope, tie, col, copy, source,
+                                  runs[-1].first)
   elif not isinstance(copy, Mapping) or copy:
     raise tie_errors.source_missing_at_init(tie, col,
                                             _near(scope, tie.source, col))
   _drop(scope, tie.target, col)
   used.add((tie.target, col))  # checked: a later check finds it
   return True
+
+
+def _ran_first(scope, tie: Tie, col: str, copy, source, first) -> bool:
+  """Whether the target ran before its source with values it does not store.
+
+  The target ran first where its use found no source (``first``, recorded by
+  :func:`route`), or, in a trace that ``nn.jit`` replays without running
+  Python, where its entry precedes the source's below their common ancestor
+  (Flax adds a scope's entry at its first write). Its copy then matters
+  where its values differ from the source's (through the view); traced
+  values cannot be compared, and count as differing.
+  """
+  if (tie.target, col) not in first and not _entered_first(scope, tie, col):
+    return False
+  seen = dict(flatten(apply_views(tie, source)))
+  pairs = [(_unboxed(leaf), _unboxed(seen.get(path)))
+           for path, leaf in flatten(copy)]
+  return not all(a is b or not isinstance(a, jax.core.Tracer) and not
+                 isinstance(b, jax.core.Tracer) and np.array_equal(a, b)
+                 for a, b in pairs)
+
+
+def _entered_first(scope, tie: Tie, col: str) -> bool:
+  """Whether the target's entry precedes its source's where their paths part."""
+  target, at = tie.target, 0
+  while at < min(len(target), len(tie.source)) and (
+      target[at] == tie.source[at]):
+    at += 1
+  parent = stored(scope, target[:at], col)
+  if (at == len(target) or at == len(tie.source) or not isinstance(
+      parent, Mapping) or tie.source[at] not in parent
+      or target[at] not in parent):  # (none yet: the target wrote later)
+    return False
+  names = list(parent)
+  return names.index(target[at]) < names.index(tie.source[at])
+
+
+def _unboxed(x):
+  return x.unbox() if isinstance(x, meta.AxisMetadata) else x
 
 
 def _refuse_untied(scope, tie: Tie, present):
