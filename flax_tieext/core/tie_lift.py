@@ -272,7 +272,7 @@ class Packed:
     """``(scope_fn, repack_fn)`` of the scopes packed, for the given tree."""
     reals, treedef, extra = self.reals, self.treedef, self.extra
     n = treedef.num_leaves
-    # A target initializing its copy draws from fresh counters of its
+    # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
     counters = [dict(s.rng_counters) if _draws_copy(s) else None

@@ -26,7 +26,8 @@ variables (:class:`TiedNames`) alike. ``Scope.push`` calls :func:`share_rngs`
 and ``Scope.param`` :func:`check_param`.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
-(:func:`check_init`). Lifted transforms take part through
+(:func:`check_init`); where a target ran first with other values than its
+source's, the init computes its output again (:func:`init_once_more`). Lifted transforms take part through
 ``flax_tieext.core.tie_lift``; the messages are ``flax_tieext.core.tie_errors``.
 """
 
@@ -367,14 +368,14 @@ class InitLog:
 class InitRun:
   """One ``init`` call, as the checks at the end of its declaring calls see it.
 
-  ``again`` is set where a target ran before its source and computed with a
+  ``recompute`` is set where a target ran before its source and computed with a
   copy that differs from the values stored for the source: the output of that
   ``init`` is then computed again from the variables it stores
   (:func:`init_once_more`), as ``apply`` of them computes it.
   """
 
   def __init__(self, replaying: bool = False):
-    self.replaying, self.again = replaying, False
+    self.replaying, self.recompute = replaying, False
     self.first: set[tuple[Path, str]] = set()  # targets that ran first
 
 
@@ -408,7 +409,7 @@ def init_once_more(init, again):
     y, variables = init()
   finally:
     runs.pop()
-  if run.again:
+  if run.recompute:
     runs.append(InitRun(replaying=True))
     try:
       y = again(variables)
@@ -814,8 +815,9 @@ def share_rngs(scope):
   ``Scope.push`` calls it on each child with ties in force. The streams are
   Flax's own, built by ``Scope.push`` at the source's path (inside
   ``vmap``/``scan``, the source's lifted, split streams). While initializing
-  the counters start afresh, so that a copy the target initializes equals what
-  the source draws, and the source's own draws are left alone.
+  the ``params`` counter starts afresh, so that a copy the target initializes
+  equals what the source draws, and the source's own draws are left alone;
+  the other streams count on with the source's (:class:`InitCounters`).
   """
   ties = scope.flags[TIES_FLAG]
   tie = ties.forms['params'].at.get(scope.path)
@@ -823,9 +825,68 @@ def share_rngs(scope):
       scope, tie.source, rngs=True)[0]
   if source is not None:
     scope.rngs = source.rngs
-    scope.rng_counters = ({k: 0 for k in source.rngs}
+    scope.rng_counters = (InitCounters(source.rng_counters)
                           if ties.log is not None  # initializing
                           else source.rng_counters)
+
+
+class InitCounters(dict):
+  """A module-level ``params`` target's rng counters while initializing.
+
+  ``params`` counts afresh, so that what the target initializes into its
+  copy is what its source draws first, and the source's own draws are left
+  alone; every other stream (dropout) counts on with the source's counter,
+  as one module called twice does. A child's counters (Flax keeps them
+  here, under a tuple key) are such counters of the source's child.
+  """
+
+  def __init__(self, source: dict):
+    super().__init__(params=0)
+    self.source = source
+
+  def _child(self, key):
+    if not dict.__contains__(self, key):  # made in the source's, if new
+      made = self.source.setdefault(key, {
+          k: 0 for k in self.source if isinstance(k, str)})
+      dict.__setitem__(self, key, InitCounters(made))
+    return dict.__getitem__(self, key)
+
+  def __getitem__(self, key):
+    if key == 'params':
+      return dict.__getitem__(self, key)
+    if isinstance(key, str):
+      return self.source[key]
+    return self._child(key)
+
+  def __setitem__(self, key, value):
+    if key == 'params':
+      dict.__setitem__(self, key, value)
+    elif isinstance(key, str):
+      self.source[key] = value
+    else:  # a child's new counters (Flax's push): the source's child's too
+      self.source.setdefault(key, value)
+      dict.__setitem__(self, key, InitCounters(self.source[key]))
+
+  def __contains__(self, key):  # every child: Flax's push then asks get()
+    return not isinstance(key, str) or key == 'params' or key in self.source
+
+  def get(self, key, default=None):
+    return self[key] if key in self else default
+
+  def keys(self):
+    return ['params', *[k for k in self.source if k != 'params']]
+
+  def __iter__(self):
+    return iter(self.keys())
+
+  def items(self):
+    return [(k, self[k]) for k in self.keys()]
+
+  def values(self):
+    return [self[k] for k in self.keys()]
+
+  def __len__(self):
+    return len(self.keys())
 
 
 def check_param(scope, name: str, value, abs_value):
@@ -959,9 +1020,9 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       sources[key] = source, crossed, flat
     _check_copy(tie, col, copy, source, flat if tie.view is None else None)
     runs = _init_runs()
-    if runs and not runs[-1].again and not runs[-1].replaying:
-      runs[-1].again = _ran_first(scope, tie, col, copy, source,
-                                  runs[-1].first)
+    if runs and not runs[-1].recompute and not runs[-1].replaying:
+      runs[-1].recompute = _ran_first(scope, tie, col, copy, source,
+                                      runs[-1].first)
   elif not isinstance(copy, Mapping) or copy:
     raise tie_errors.source_missing_at_init(tie, col,
                                             _near(scope, tie.source, col))
