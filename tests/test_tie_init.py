@@ -313,15 +313,19 @@ class Counter(nn.Module):
     return nn.Dense(D, name='dense')(x) * count.value
 
 
-class Counters(nn.Module):
+class TwoUses(nn.Module):
+  """``leaf`` at ``a`` and ``b``, in call order; or one module called twice."""
+  leaf: type[nn.Module]
   wrap: str
-  target_first: bool
+  target_first: bool | None  # None: one module called twice
 
   @nn.compact
   def __call__(self, x):
-    a = WRAPS[self.wrap](Counter)(name='a')
-    b = a if self.target_first is None else WRAPS[self.wrap](Counter)(name='b')
-    return a(b(x)) if self.target_first else b(a(x))
+    a = WRAPS[self.wrap](self.leaf)(name='a')
+    if self.target_first is None:
+      return a(x), a(x)
+    b = WRAPS[self.wrap](self.leaf)(name='b')
+    return (b(x), a(x)) if self.target_first else (a(x), b(x))
 
 
 @installs_patch
@@ -330,14 +334,13 @@ class Counters(nn.Module):
 @pytest.mark.parametrize('wrap', sorted(WRAPS))
 def test_an_init_time_write_lands_in_the_source_or_raises(wrap, ties):
   """A write before the source exists went to the dropped copy, silently."""
-  tied = nn.tie(Counters, ties, collections=['params', 'stats'])
-  shared = Counters(wrap, None)  # one module called twice
-  y, variables = tied(wrap, False).init_with_output(jax.random.key(0), X)
-  want = shared.init(jax.random.key(0), X)
+  tied = nn.tie(TwoUses, ties, collections=['params', 'stats'])
+  variables = tied(Counter, wrap, False).init(jax.random.key(0), X)
+  want = TwoUses(Counter, wrap, None).init(jax.random.key(0), X)
   assert_trees_equal(variables['stats']['a'], want['stats']['a'])  # 3
   assert 'count' not in variables['stats'].get('b', {})
   with pytest.raises(TieError) as info:
-    tied(wrap, True).init(jax.random.key(0), X)
+    tied(Counter, wrap, True).init(jax.random.key(0), X)
   message = str(info.value)
   assert_message_names(message, '/b/count', '/a/count', "'stats'",
                        'before its source', 'is_initializing')
@@ -350,19 +353,6 @@ class DropoutAtInit(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dropout(0.5, deterministic=False)(nn.Dense(D, name='dense')(x))
-
-
-class TwoDropouts(nn.Module):
-  wrap: str
-  target_first: bool | None  # None: one module called twice
-
-  @nn.compact
-  def __call__(self, x):
-    a = WRAPS[self.wrap](DropoutAtInit)(name='a')
-    if self.target_first is None:
-      return a(x), a(x)
-    b = WRAPS[self.wrap](DropoutAtInit)(name='b')
-    return (b(x), a(x)) if self.target_first else (a(x), b(x))
 
 
 @installs_patch
@@ -378,9 +368,9 @@ def test_dropout_while_initializing_draws_as_one_module_called_twice(
   """The target's counters started afresh for every stream: its mask at init
   repeated its source's first one."""
   rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
-  tied = nn.tie(TwoDropouts, {'b': 'a'})(wrap, target_first)
+  tied = nn.tie(TwoUses, {'b': 'a'})(DropoutAtInit, wrap, target_first)
   y, variables = tied.init_with_output(rngs, X)
-  want, shared = TwoDropouts(wrap, None).init_with_output(rngs, X)
+  want, shared = TwoUses(DropoutAtInit, wrap, None).init_with_output(rngs, X)
   assert_trees_equal(variables['params']['a'], shared['params']['a'])
   for first_or_second, expected in zip(y, want):  # in call order
     assert_close(first_or_second, expected)
