@@ -27,8 +27,9 @@ and ``Scope.param`` :func:`check_param`.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`); where a target ran first with other values than its
-source's, the init computes its output again (:func:`init_once_more`). Lifted transforms take part through
-``flax_tieext.core.tie_lift``; the messages are ``flax_tieext.core.tie_errors``.
+source's, the init computes its output again (:func:`init_once_more`).
+Lifted transforms take part through ``flax_tieext.core.tie_lift``; the
+messages are ``flax_tieext.core.tie_errors``.
 """
 
 from __future__ import annotations
@@ -947,8 +948,7 @@ def _alike(a, b) -> bool:
 
 def _aval(x):
   """``x``'s abstract value where it has one, or ``x`` (unboxed)."""
-  if isinstance(x, meta.AxisMetadata):
-    x = x.unbox()
+  x = _unboxed(x)
   aval = getattr(x, 'aval', None)
   return x if aval is None else aval
 
