@@ -43,6 +43,7 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
     LIFT_CACHED,
     LIFT_FLAG,
     TIES_FLAG,
+    InitCounters,
     Lift as _Lift,
     TieSources,
     in_force,
@@ -214,6 +215,13 @@ def _link(outer_scopes, inner_scopes, name, tie_sources, kinds, at=None):
       inner.mutable = False
 
 
+def _counters_now(counters):
+  """A copy of a target's rng counters as they are (its source's streams on)."""
+  if isinstance(counters, InitCounters):
+    return counters.snapshot()
+  return dict(counters)
+
+
 def _draws_copy(scope) -> bool:
   """Whether ``scope`` is a target initializing a copy from its source's rngs."""
   found = in_force(scope)
@@ -275,7 +283,7 @@ class Packed:
     # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
-    counters = [dict(s.rng_counters) if _draws_copy(s) else None
+    counters = [_counters_now(s.rng_counters) if _draws_copy(s) else None
                 for s in reals]
     calls = []
 
@@ -286,7 +294,7 @@ class Packed:
       _link(reals, inner, self.name, self.tie_sources, self.kinds, self.site)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
-          inner_scope.rng_counters = dict(start)
+          inner_scope.rng_counters = _counters_now(start)
       calls.append(None)
       for (_, excluded), inner_scope in zip(self.packed, inner):
         for col in excluded:  # reach the inner source now, as pack would

@@ -874,6 +874,14 @@ class InitCounters(dict):
   def get(self, key, default=None):
     return self[key] if key in self else default
 
+  def snapshot(self) -> InitCounters:
+    """These counters now: their own copied, the source's still shared."""
+    now = InitCounters(self.source)
+    for key, value in dict.items(self):
+      dict.__setitem__(now, key, value.snapshot()
+                       if isinstance(value, InitCounters) else value)
+    return now
+
   def keys(self):
     return ['params', *[k for k in self.source if k != 'params']]
 
