@@ -134,7 +134,7 @@ def nnx_remat(
         static_argnames=static_argnames, policy=policy)
   statics = _static_args.StaticArgs(
       f, static_argnums, static_argnames, transform='nnx.remat',
-      supplies_first=False)
+      supplies_first=False, rebuilds=True)
   remat = functools.partial(
       nnx_facts()['NNX_REMAT'], prevent_cse=prevent_cse, policy=policy)
   if statics.as_flax:  # static_argnums as the release's nnx.remat reads it
@@ -143,8 +143,9 @@ def nnx_remat(
         lambda _, args, kwargs: plain(*args, **kwargs), args, kwargs))
 
   # One remat per static value, kept as jax.checkpoint keeps its traces (an
-  # LRU of JAX's size, alive with this wrapper): the same static value, an
-  # unhashable one by identity, traces once, as on the release's own remat.
+  # LRU of JAX's size, alive with this wrapper): the same static value traces
+  # once, as on the release's own remat; an unhashable container, which its
+  # graph mode makes anew at each call, traces at each call (Static).
   @functools.lru_cache(maxsize=2048)
   def merged(static):
     def call(args, kwargs):  # positional only: older graph modes need that

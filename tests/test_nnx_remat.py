@@ -176,6 +176,40 @@ def test_under_jit_a_new_static_value_retraces():
   assert traces == [True, False]  # the second True is jit's cached trace
 
 
+@pytest.mark.parametrize('mode', MODES)
+@pytest.mark.parametrize('value, change', [
+    pytest.param([1.0, 2.0], lambda w: w.__setitem__(0, 100.0), id='list'),
+    pytest.param({'a': [1.0]}, lambda w: w['a'].__setitem__(0, 100.0), id='dict'),
+    pytest.param(np.ones(2), lambda w: w.__setitem__(0, 100.0), id='array'),
+])
+def test_a_static_container_changed_in_place_is_traced_as_flax_traces_it(
+    mode, value, change):
+  # Issue 47: the same static object, changed in place between calls, is
+  # traced and read as Flax's own nnx.remat traces it by index: graph mode
+  # makes a container anew at each call (a new trace reads the new
+  # contents), tree mode and an array are keyed by identity (the first
+  # trace is kept, on plain Flax too).
+  first = lambda w: float(np.ravel(jax.tree.leaves(w))[0])
+
+  def run(transform, **static):
+    traces, w = [], jax.tree.map(lambda v: v, value)
+    if isinstance(w, np.ndarray):
+      w = w.copy()
+    f = transform(lambda x, w: traces.append(1) or x * first(w), **static,
+                  **mode)
+    outs = [f(X, w)]
+    change(w)
+    outs += [f(X, w), f(X, w)]
+    return len(traces), [np.asarray(o) for o in outs]
+
+  flax_own = run(_compat.NNX_REMAT, static_argnums=(1,))
+  for static in ({'static_argnames': 'w'}, {'static_argnums': (1,)}):
+    ours = run(remat, **static)
+    assert ours[0] == flax_own[0], static
+    for a, b in zip(ours[1], flax_own[1]):
+      np.testing.assert_array_equal(a, b)
+
+
 @needs_patch
 def test_flax_nnx_remat_takes_static_argnames_under_the_patch():
   assert flax_tieext.is_installed()

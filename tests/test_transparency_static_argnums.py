@@ -228,27 +228,53 @@ CASES = {
         'w = {"a": 2.0}',
         'for _ in range(4): r(x, w)\n'
         'out = {"traces": len(traces)}'),
+
+    # A static container changed in place between calls (issue 47): graph
+    # mode makes every container anew at each call, so plain Flax traces
+    # again and reads the new contents; tree mode and a NumPy array are
+    # keyed by identity, as jax.checkpoint keys them, and keep the first
+    # trace. The patch does each as plain Flax does.
+    **{f'nnx_mutated_static_{kind}{mode}': (
+        'traces = []\n'
+        f'r = nnx.remat(lambda x, w: traces.append(1) or x * {read},'
+        f' static_argnums=(1,){flags})\n'
+        f'w = {value}',
+        'a = r(x, w)\n'
+        f'{change}\n'
+        'b = r(x, w); c = r(x, w)\n'
+        'out = {"traces": len(traces), "out": summary([a, b, c])}')
+       for kind, value, read, change in (
+           ('list', '[1.0, 2.0]', 'w[0]', 'w[0] = 100.0'),
+           ('dict', '{"a": 1.0}', 'w["a"]', 'w["a"] = 100.0'),
+           ('nested', '([1.0], 2.0)', 'w[0][0]', 'w[0][0] = 100.0'),
+           ('array', 'np.ones(2)', 'float(w[0])', 'w[0] = 100.0'))
+       for mode, flags in (('', ''),
+                           ('_no_graph_updates', ', graph_updates=False'),
+                           ('_tree_mode', ', graph=False'))},
 }
 
 MODES = ('plain', 'patched', 'uninstalled', 'late')
 
 
 def absent(nnx: bool, tree_mode: bool) -> str | None:
-  """Why this Flax cannot run a program that needs ``nnx.remat`` (in tree mode).
+  """Why this Flax cannot run a program that needs ``nnx.remat`` (its modes).
 
   None if it can; else the reason, naming the release. A case named
-  ``nnx_*`` needs ``nnx.remat``, one named ``*_tree_mode`` its tree mode.
+  ``nnx_*`` needs ``nnx.remat``, one named ``*_tree_mode`` or
+  ``*_no_graph_updates`` its ``graph=`` / ``graph_updates=`` modes.
   """
   if nnx and _compat.NNX_REMAT is None:
     return (f'Flax {_compat.FLAX_VERSION} has no nnx.remat (or flax.nnx does'
             ' not import with this JAX)')
   if tree_mode and not _compat.NNX_REMAT_MODES:
-    return f'Flax {_compat.FLAX_VERSION}: nnx.remat has no tree mode (graph=False)'
+    return (f'Flax {_compat.FLAX_VERSION}: nnx.remat has no tree mode'
+            ' (graph=False) or graph_updates=')
   return None
 
 
 def _absent(case: str) -> str | None:
-  return absent(case.startswith('nnx_'), case.endswith('_tree_mode'))
+  return absent(case.startswith('nnx_'),
+                case.endswith(('_tree_mode', '_no_graph_updates')))
 
 
 PRESENT = [case for case in CASES if _absent(case) is None]

@@ -60,14 +60,17 @@ class StaticArgs:
     closes_over: whether the transform closes over the static arguments of
       each call (``nn.partitioning.remat``), ignoring an index that matches no
       argument, rather than handing ``static_argnums`` to ``jax.checkpoint``.
+    rebuilds: whether the transform, without this resolver, passes its
+      arguments through NNX graph mode's split, which makes every pytree
+      container anew at each call (see :class:`Static`).
   """
 
   def __init__(self, fn, static_argnums=(), static_argnames=(), *,
                transform='checkpoint', first_index=0, supplies_first=True,
-               group=(), closes_over=False):
+               group=(), closes_over=False, rebuilds=False):
     self.fn, self.transform, self.first_index = fn, transform, first_index
     self.supplies_first, self.group = supplies_first, group or (self,)
-    self.closes_over = closes_over
+    self.closes_over, self.rebuilds = closes_over, rebuilds
     self.given = {'static_argnums': static_argnums,
                   'static_argnames': static_argnames}
     self.static_argnums = _once(static_argnums, int)
@@ -215,8 +218,10 @@ class StaticArgs:
           at.add(j % len(args))
         elif not self._ignores_unmatched():
           raise _error(ValueError, self._call_index_error(i, args), 'call', i)
-    static = (tuple((i, Static(args[i])) for i in sorted(at)),
-              tuple((k, Static(v)) for k, v in kwargs.items() if k in names))
+    rebuilds = self.rebuilds
+    static = (tuple((i, Static(args[i], rebuilds)) for i in sorted(at)),
+              tuple((k, Static(v, rebuilds)) for k, v in kwargs.items()
+                    if k in names))
     args = tuple(a for i, a in enumerate(args) if i not in at)
     kwargs = {k: v for k, v in kwargs.items() if k not in names}
     return static, args, kwargs
@@ -239,26 +244,36 @@ _NO_STATIC = ((), ())
 
 
 class Static:
-  """A static value, keyed as ``jax.checkpoint`` keys its static arguments.
+  """A static value, keyed as the transform keys it without this resolver.
 
-  By value where it is hashable, else by identity: the same NumPy array passed
-  at each call is the same key, and is traced once. Hashed only when a key is
-  needed (Linen closes static values over and never asks).
+  By value where it is hashable. An unhashable value is keyed as
+  ``jax.checkpoint`` keys it, by identity: the same NumPy array passed at each
+  call is the same key, and is traced once. Where the transform passes its
+  arguments through NNX graph mode's split (``rebuilt``), an unhashable
+  container (a list, a dict, a tuple holding one) reaches ``jax.checkpoint``
+  as a new object at each call, so it is traced anew at each call, and reads
+  what the container holds then: such a value equals no other. Hashed only
+  when a key is needed (Linen closes static values over and never asks).
   """
 
-  __slots__ = ('value', '_key')
+  __slots__ = ('value', 'rebuilt', '_key')
 
-  def __init__(self, value):
-    self.value, self._key = value, None
+  def __init__(self, value, rebuilt=False):
+    self.value, self.rebuilt, self._key = value, rebuilt, None
 
   def key(self):
-    """``(hashable, hash)`` of the value, computed once."""
+    """``(hashable, hash, fresh)`` of the value, computed once."""
     if self._key is None:
       try:
-        self._key = (True, hash(self.value))
+        self._key = (True, hash(self.value), None)
       except TypeError:
-        self._key = (False, id(self.value))
+        fresh = self.rebuilt and not jax.tree_util.treedef_is_leaf(
+            jax.tree_util.tree_structure(self.value))
+        self._key = (False, id(self if fresh else self.value), fresh)
     return self._key
+
+  def _identity(self):
+    return self if self.key()[2] else self.value
 
   def __hash__(self):
     return self.key()[1]
@@ -268,7 +283,7 @@ class Static:
       return NotImplemented
     if self.key()[0] and other.key()[0]:
       return self.value == other.value
-    return self.value is other.value
+    return self._identity() is other._identity()  # pylint: disable=protected-access
 
 
 def _resolvable(static_argnums, first_index, closes_over):

@@ -152,7 +152,7 @@ def remat(
 
   statics = _static_args.StaticArgs(
     f_unbound, static_argnums, static_argnames, transform='nnx.remat',
-    supplies_first=False,
+    supplies_first=False, rebuilds=graph,
   )
   rematted = _remat(
     statics, f_unbound, prevent_cse, policy, graph, graph_updates
