@@ -133,7 +133,9 @@ def _explain(spec, error, args, kwargs):
     error.args = (message,)
   elif spec.as_flax:  # Flax's own static_argnums: nothing resolved to explain
     if isinstance(error, _TRACED):
-      _add_note(error, _flax_meaning_note(spec))
+      scalars = _flax_traced_scalars(spec, args, kwargs)
+      _add_note(error, _flax_meaning_note(spec, scalars, args, kwargs))
+      _add_note(error, _traced_scalars_note(spec, scalars))
     elif isinstance(error, TypeError):
       _add_note(error, _flax_type_note(spec))
   elif isinstance(error, _TRACED):
@@ -154,8 +156,13 @@ _TRACED = (jax.errors.ConcretizationTypeError,
            jax.errors.TracerIntegerConversionError)
 
 
-def _flax_meaning_note(spec):
-  """Why an index of Flax's own meaning may have missed the flag meant."""
+def _flax_meaning_note(spec, scalars, args, kwargs):
+  """Why an index of Flax's own meaning may have missed the flag meant.
+
+  The argument to name instead is the Python scalar the call traced, else
+  the parameter that looks like a flag.
+  """
+  named = [label for label, _ in scalars if not label.startswith('*')]
   return (
       f'{spec.transform}: static_argnums={spec.given["static_argnums"]!r}'
       ' names no parameter here (it is negative, not a Python int, or'
@@ -166,8 +173,11 @@ def _flax_meaning_note(spec):
          if spec.closes_over else
          'jax.checkpoint counts it over the arguments Flax passes it, which'
          ' start with the variables.')
-      + ' Name the argument instead, which also covers keyword and omitted'
-      " calls: static_argnames='<name>'."
+      + ' ' + (_name_it_instead(spec, _received(spec, args, kwargs))
+               if not named else
+               'Name the argument instead of counting, which also covers'
+               ' keyword and omitted calls:'
+               f' static_argnames={_static_argnames_code(named)}.')
   )
 
 
@@ -529,14 +539,48 @@ def _explain_concretization_error(spec, error, args, kwargs):
     args: the positional arguments of the call.
     kwargs: the keyword arguments of the call.
   """
+  _add_note(error, _traced_scalars_note(
+      spec, _traced_scalars(spec, error, args, kwargs)))
+
+
+def _traced_scalars(spec, error, args, kwargs):
+  """``(label, value)`` of the Python scalars a call traced, flags first.
+
+  Notes on ``error`` each static argument that received an array.
+  """
   scalars = [
       (label, value)
       for label, value, origin in _note_static_arrays(spec, error, args, kwargs)
       if origin is None and type(value) in (bool, int, float)
   ]
-  if not scalars:
-    return
   scalars.sort(key=lambda item: type(item[1]) is not bool)
+  return scalars
+
+
+def _flax_traced_scalars(spec, args, kwargs):
+  """:func:`_traced_scalars` where ``static_argnums`` keeps Flax's meaning.
+
+  The spec resolved nothing (its own indices may name no parameter), so the
+  arguments are labelled by the signature alone; static are only those that
+  Flax itself picks (``nn.partitioning.remat`` closes over them).
+  """
+  try:
+    spec._bind()  # pylint: disable=protected-access
+    flax_static = {p for p, _ in spec.split(args, kwargs)[0][0]}
+  except (TypeError, ValueError):
+    return []
+  items = [(_label(spec, p), value) for p, value in enumerate(args)
+           if p not in flax_static]
+  scalars = [(label, value) for label, value in [*items, *kwargs.items()]
+             if type(value) in (bool, int, float)]
+  scalars.sort(key=lambda item: type(item[1]) is not bool)
+  return scalars
+
+
+def _traced_scalars_note(spec, scalars):
+  """Which Python scalars were traced, and the argument that makes them static."""
+  if not scalars:
+    return None
   labels = [label for label, _ in scalars]
   got = ', '.join(f'{label}={value!r}' for label, value in scalars)
   one = len(labels) == 1
@@ -556,7 +600,7 @@ def _explain_concretization_error(spec, error, args, kwargs):
           if any(not l.startswith('*') for l in labels) else ''
       )
   )
-  by_index = [
+  by_index = [] if spec.as_flax else [  # then spec.names are not in force
       f'`{name}` ({origin})' for name, origin in spec.names.items()
       if origin.startswith('static_argnums')
   ]
@@ -566,7 +610,7 @@ def _explain_concretization_error(spec, error, args, kwargs):
         f' In the numbering of {spec.transform}, `{labels[0]}` is'
         f' static_argnums={index}.' if index is not None else ''
     )
-  _add_note(error, note)
+  return note
 
 
 def _add_note(error, note):

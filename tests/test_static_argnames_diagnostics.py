@@ -254,6 +254,9 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
       ('checkpoint_self', nn.checkpoint, r'nn\.checkpoint \(nn\.remat\)', 0),
       ('checkpoint_negative', nn.checkpoint,
        r'nn\.checkpoint \(nn\.remat\)', -3),
+      # The last parameter counted from the end, as jax.jit would count it.
+      ('checkpoint_last', nn.checkpoint, r'nn\.checkpoint \(nn\.remat\)',
+       -1),
       # A bare int is Flax's TypeError in nn.partitioning.remat: a tuple.
       ('partitioning_negative', partitioning.remat, r'nn\.partitioning\.remat',
        (-3,)),
@@ -264,13 +267,22 @@ class LinenCheckpointDiagnosticsTest(parameterized.TestCase):
     # no parameter static. The results are the plain module's ...
     rematted = remat(self.MLP, static_argnums=index)
     self.assert_matches_plain(self.MLP, rematted)
-    # ... and the flag meant to be static is traced, as in Flax; JAX's error
-    # says to name it.
-    self.assertRegex(
-        self.init_error(jax.errors.ConcretizationTypeError, rematted, True),
-        f'{name}: static_argnums={re.escape(repr(index))} names no parameter'
-        ' here(.|\n)*'
-        "Flax's own meaning(.|\n)*static_argnames='<name>'")
+    # ... and the flag meant to be static is traced, as in Flax; the notes
+    # on JAX's error name it, passed positionally or by keyword.
+    for args, kwargs in (((True,), {}), ((), {'deterministic': True})):
+      self.assertRegex(
+          self.init_error(jax.errors.ConcretizationTypeError, rematted, *args,
+                          **kwargs),
+          f'(?m)^{name}: static_argnums={re.escape(repr(index))} names no'
+          " parameter here(.|\n)*Flax's own meaning(.|\n)*Name the argument"
+          ' instead of counting, which also covers keyword and omitted'
+          " calls: static_argnames='deterministic'\\.\n"
+          f'{name}: \\S*MLP\\.__call__ was called with the Python value'
+          ' deterministic=True, but `deterministic` is not static, so it was'
+          ' traced like an array\\.(.|\n)* make it static:'
+          " static_argnames='deterministic'\\. A named argument is static"
+          ' however it is passed: positionally, by keyword, or left to its'
+          ' default\\.$')
 
   @parameterized.named_parameters(
       ('args', 'args', r'the \*args parameter(.|\n)*or use static_argnums'),
