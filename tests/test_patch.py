@@ -187,6 +187,22 @@ def test_each_copy_runs_in_its_patch_mode(request):
 
 
 @pytest.mark.own_patch_mode
+def test_import_warns_nothing_under_w_error():
+  # Issue 45: on JAX 0.12.1 the import touched the deprecated
+  # jax.sharding.SingleDeviceSharding, and a suite that turns warnings into
+  # errors (Flax's own) failed at collection. Each release of the matrix
+  # runs this on its pinned JAX.
+  result = subprocess.run(
+      [sys.executable, '-W', 'error', '-c',
+       'import flax_tieext, flax.linen; print(flax_tieext.is_installed())'],
+      capture_output=True, text=True, check=False,
+      env=dict(os.environ, FLAX_TIEEXT_AUTOPATCH='1'))
+  assert result.returncode == 0, (
+      f'flax {flax.__version__}, jax {jax.__version__}:\n{result.stderr}')
+  assert result.stdout.split() == ['True']
+
+
+@pytest.mark.own_patch_mode
 def test_import_patches_by_default():
   result = run_python("""
       import flax.linen as nn

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
-from jax.sharding import SingleDeviceSharding
 import numpy as np
 
 from flax.core.scope import CollectionFilter
@@ -501,9 +500,19 @@ def _comparison(stacked: bool, out_sharding):
   return jax.jit(compare, out_shardings=out_sharding)
 
 
+def _one_device(sharding) -> bool:
+  """Whether ``sharding`` places an array on one device, unnamed.
+
+  By its devices, not by type: ``jax.sharding.SingleDeviceSharding`` is
+  deprecated from JAX 0.12.1 on, and its replacements are not in older JAX.
+  """
+  return not isinstance(sharding, NamedSharding) and len(
+      sharding.device_set) == 1
+
+
 def _replicated(sharding):
   """A sharding replicated over the devices of ``sharding`` (None: none)."""
-  if sharding is None or isinstance(sharding, SingleDeviceSharding):
+  if sharding is None or _one_device(sharding):
     return sharding
   if isinstance(sharding, NamedSharding):
     return NamedSharding(sharding.mesh, PartitionSpec())
@@ -535,7 +544,7 @@ def _merged(merge, col: str, source: tuple[str, ...], value, copies):
   if not isinstance(value, jax.Array):
     return jax.device_get(jax.jit(merge_fn)(value, arrays))
   sharding = value.sharding
-  if isinstance(sharding, SingleDeviceSharding):
+  if _one_device(sharding):
     sharding = None  # one device: jit keeps it there, committed or not
   return jax.jit(merge_fn, out_shardings=sharding)(value, arrays)
 
