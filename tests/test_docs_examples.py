@@ -28,12 +28,21 @@
 
 Other fences (``text``, ``bash``, directives) are not Python.
 
+Every block also pastes into an interactive interpreter: its lines go, one at
+a time, to ``code.InteractiveConsole`` as a reader types them at the prompt
+(for a doctest block, the text after each ``>>>`` and ``...``). There a
+compound statement ends only at an empty line, so a ``def`` followed straight
+by ``>>> g = ...``, or a blank line inside a function body, is a
+``SyntaxError`` that a script run does not show. The python blocks of a page
+each get a fresh console; its doctest blocks share one, as above.
+
 The docstrings the API page (docs/api.md) shows, which ``help()`` shows too,
 run the same way: each one's examples in order in a fresh interpreter, with
 only the imports they show.
 """
 
 import importlib
+import json
 import os
 import pathlib
 import re
@@ -61,6 +70,49 @@ test = doctest.DocTestParser().get_doctest(sys.stdin.read(), {}, sys.argv[1], sy
 runner = doctest.DocTestRunner(optionflags=flags)
 runner.run(test)
 sys.exit(1 if runner.failures or not runner.tries else 0)
+"""
+
+# Reads [[kind, first line, source], ...] from stdin; each block goes, line by
+# line, to an InteractiveConsole (a fresh one per python block, one for all
+# doctest blocks), and each line after it has run. Exits 1 listing what failed.
+_PASTE_INTO_REPL = r"""
+import code, json, sys, traceback
+
+class Console(code.InteractiveConsole):
+  def __init__(self):
+    super().__init__({'__name__': '__main__'})
+    self.errors, self.where = [], None
+  def _record(self, text):
+    self.errors.append(f'{sys.argv[1]}:{self.where}: {text.strip()}')
+  def showsyntaxerror(self, filename=None, **kwargs):
+    self._record(''.join(traceback.format_exception_only(*sys.exc_info()[:2])))
+  def showtraceback(self):
+    self._record(''.join(traceback.format_exception(*sys.exc_info())))
+
+def typed(kind, source):
+  lines = source.splitlines()
+  for n, line in enumerate(lines):
+    if kind == 'python':
+      # A paste keeps a blank line inside an indented block in that block.
+      after = next((l for l in lines[n + 1:] if l.strip()), '')
+      if line.strip() or not after[:1].isspace():
+        yield n, line
+    elif line.startswith(('>>> ', '... ')) or line in ('>>>', '...'):
+      yield n, line[4:]
+
+errors, doctest_console = [], Console()
+for kind, first, source in json.load(sys.stdin):
+  console = Console() if kind == 'python' else doctest_console
+  more = False
+  for n, line in typed(kind, source):
+    if not more:
+      console.where = first + n
+    more = console.push(line)
+  if more:  # the reader presses Enter after the paste
+    console.push('')
+  errors += console.errors
+  console.errors = []
+sys.exit('\n\n'.join(errors) if errors else 0)
 """
 
 
@@ -91,6 +143,28 @@ def _examples():
     if doctests:
       params.append(pytest.param('doctest', '\n'.join(doctests), marks=marks,
                                  id=f'{rel}:doctests'))
+  return params
+
+
+def _pages():
+  """pytest params: (page, [[kind, first line, source], ...]), ids `page`."""
+  params = []
+  for page in PAGES:
+    text = page.read_text()
+    rel = page.relative_to(ROOT).as_posix()
+    if '>>>' not in text and '```python' not in text:
+      continue
+    marks = _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
+    blocks = []
+    for match in FENCE.finditer(text):
+      if match['marker'] or (match['requires'] and not _importable(
+          match['requires'])):
+        continue
+      line = text.count('\n', 0, match.start('body')) + 1
+      blocks.append(['python' if match['lang'] == 'python' else 'doctest',
+                     line, match['body']])
+    if blocks:
+      params.append(pytest.param(rel, blocks, id=rel, marks=marks))
   return params
 
 
@@ -146,6 +220,14 @@ def test_example_runs_pasted_alone(kind, source, request):
     result = _run(['-c', _RUN_DOCTEST, request.node.callspec.id], source)
   assert result.returncode == 0, f'{result.stdout}\n{result.stderr}'
 
+
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('page, blocks', _pages())
+def test_examples_paste_into_an_interactive_interpreter(page, blocks):
+  result = _run(['-c', _PASTE_INTO_REPL, page], json.dumps(blocks))
+  assert result.returncode == 0, (
+      f'{page}: pasted line by line into an interactive interpreter:\n'
+      f'{result.stderr}')
 
 
 @pytest.mark.needs_patch
