@@ -149,3 +149,39 @@ def test_a_plain_run_leaves_out_the_end_to_end_tests_saying_so():
   # A test file named on the command line runs as named.
   named, output = _collected('tests/distributed/test_two_processes.py')
   assert named == {'test_two_processes.py'} and 'deselected' not in output, output
+
+
+def _tracked_texts():
+  """(path, text) of each tracked text file; none outside a git checkout."""
+  listed = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+  if listed.returncode:
+    pytest.skip('not a git checkout: no tracked files to read')
+  for name in filter(None, listed.stdout.split('\0')):
+    try:
+      yield name, (ROOT / name).read_text()
+    except (UnicodeDecodeError, OSError):  # binary, or deleted in the work tree
+      continue
+
+
+# A directory of one machine: a home, scratch or mount directory and a name in
+# it. Ignored output (.gitignore) is not tracked, so it is not read. The docs'
+# example commands name scratch directories a user picks; they stay.
+_MACHINE_PATH = re.compile(r'(?<![\w.~/$-])/(?:tmp|home|work|root)/[\w.+-]+')
+_EXAMPLE_SCRATCH = {'/tmp/run', '/tmp/ckpt'}
+
+
+def test_no_tracked_file_names_a_path_of_one_machine():
+  found = [f'{name}:{n}: {match}'
+           for name, text in _tracked_texts()
+           for n, line in enumerate(text.splitlines(), 1)
+           for match in _MACHINE_PATH.findall(line) if match not in _EXAMPLE_SCRATCH]
+  assert not found, 'paths of one machine:\n' + '\n'.join(found)
+
+
+def test_what_is_sent_upstream_carries_no_copyright_header_of_ours():
+  # JAX reports, Flax patches and the FLIP are the sender's to JAX and Flax,
+  # under their projects' terms; the header is for this package's files.
+  ours = [name for name, text in _tracked_texts()
+          if name.startswith('patches/') and 'The flax-tieext Authors' in text]
+  assert not ours, ours

@@ -14,17 +14,15 @@ imported first (it installs `nn.tie` into the Flax it finds).
 How the table in ties-in-linen.md was measured (Flax main 18f8f311, jax 0.10.2,
 Python 3.11, CPU):
 
-    git clone -q /work/.mirror/google+flax/repo /tmp/flax-main
-    git -C /tmp/flax-main checkout -q 18f8f311      # plain Flax main
-    git -C /tmp/flax-main worktree add -q --detach /tmp/flax-proto 18f8f311
-    git -C /tmp/flax-proto apply $PWD/patches/flip/scan-vmap-outer-instance.patch
-    uv venv -p 3.11 /tmp/venv-flaxmain && uv pip install -p /tmp/venv-flaxmain/bin/python -e /tmp/flax-main
-    uv venv -p 3.11 /tmp/venv-flaxproto && uv pip install -p /tmp/venv-flaxproto/bin/python -e /tmp/flax-proto
-    python patches/flip/run.py --python /tmp/venv-flaxmain/bin/python    # plain, (b), (c), (d), ties
-    python patches/flip/run.py --python /tmp/venv-flaxproto/bin/python   # (a): the --broadcast-outer rows
+    git clone -q https://github.com/google/flax flax-main
+    git -C flax-main checkout -q 18f8f311      # plain Flax main
+    git -C flax-main worktree add -q --detach ../flax-proto 18f8f311
+    git -C flax-proto apply $PWD/patches/flip/scan-vmap-outer-instance.patch
+    uv venv -p 3.11 venv-flaxmain && uv pip install -p venv-flaxmain/bin/python -e flax-main
+    uv venv -p 3.11 venv-flaxproto && uv pip install -p venv-flaxproto/bin/python -e flax-proto
+    python patches/flip/run.py --python venv-flaxmain/bin/python    # plain, (b), (c), (d), ties
+    python patches/flip/run.py --python venv-flaxproto/bin/python   # (a): the --broadcast-outer rows
 
-The mirror lacks one notebook blob; a sparse checkout without
-docs_nnx/examples/vit_training.ipynb gets the rest.
 """
 import argparse
 import concurrent.futures
@@ -102,8 +100,8 @@ def main():
     if subprocess.run([sys.executable, '-c', 'import flax'], capture_output=True).returncode and venv.exists():
       options.python = str(venv)
   version = subprocess.run(
-      [options.python, '-c', 'import sys, flax, jax; print(f"flax {flax.__version__} '
-       '({flax.__file__.rsplit(\'/flax/\', 1)[0]}), jax {jax.__version__}, python {sys.version.split()[0]}")'],
+      [options.python, '-c', 'import sys, flax, jax; print(f"flax {flax.__version__}, '
+       'jax {jax.__version__}, python {sys.version.split()[0]}")'],
       capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   print(version.stdout.strip() or version.stderr.strip())
   ties_import = subprocess.run(
