@@ -65,8 +65,8 @@ def send(clone: pathlib.Path) -> int:
     with tempfile.TemporaryDirectory() as tmp:
       msg, diff = pathlib.Path(tmp, 'msg'), pathlib.Path(tmp, 'diff')
       info = git(clone, 'mailinfo', str(msg), str(diff), input=patch.read_text())
-      subject = next(l[len('Subject: '):] for l in info.stdout.splitlines()
-                     if l.startswith('Subject: '))
+      subject = next(line[len('Subject: '):] for line in info.stdout.splitlines()
+                     if line.startswith('Subject: '))
       msg.write_text(f'{subject}\n\n{msg.read_text()}')
       for step in (('apply', '--index', str(diff)), ('commit', '-q', '-F', str(msg))):
         done = git(clone, *step)
