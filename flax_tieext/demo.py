@@ -32,8 +32,10 @@ import contextlib
 import dataclasses
 import functools
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
@@ -61,6 +63,11 @@ PLOT_DEPTHS = (1, 2, 4, 8, 12, 16, 24)
 MAX_PROCESSES = 4
 # Seconds each --processes worker has to start and compile, plus 1 per step.
 WORKER_TIMEOUT_S = 300
+# Longest silence while the demo works: a line says what it is still doing.
+HEARTBEAT_S = 8.0
+# How a --processes worker marks a status line for the launcher to show.
+WORKER_STATUS = '[status] '
+BENCHMARKS = 'docs/benchmarks.md'
 
 
 # ---------------------------------------------------------------------------
@@ -141,8 +148,68 @@ def _plot_path_problem(path: str) -> str | None:
 # ---------------------------------------------------------------------------
 
 
+class _Activity:
+  """What the demo is doing, and when it last printed: for the heartbeat."""
+
+  def __init__(self):
+    self.start = time.perf_counter()
+    self.lock = threading.Lock()
+    self.what = 'starting'
+    self.since = self.last_print = self.start
+
+  def elapsed(self) -> str:
+    return f'[{time.perf_counter() - self.start:6.1f} s]'
+
+  def doing(self, what: str, printed: bool = True) -> None:
+    with self.lock:
+      now = time.perf_counter()
+      if what != self.what:
+        self.what, self.since = what, now
+      if printed:
+        self.last_print = now
+
+
+_ACTIVITY = _Activity()
+
+
+@contextlib.contextmanager
+def _heartbeat(interval: float = HEARTBEAT_S) -> Iterator[None]:
+  """Prints what the demo is still doing after ``interval`` s of silence.
+
+  Compiling and starting ``jax.distributed`` workers print nothing for tens of
+  seconds on a small machine; this says that the demo is alive, and since when
+  it has been at the step it names.
+  """
+  stop = threading.Event()
+
+  def beat():
+    while not stop.wait(0.5):
+      with _ACTIVITY.lock:
+        now = time.perf_counter()
+        if now - _ACTIVITY.last_print < interval:
+          continue
+        _ACTIVITY.last_print = now
+        line = (f'{_ACTIVITY.elapsed()} ... still {_ACTIVITY.what}'
+                f' ({now - _ACTIVITY.since:.0f} s so far)')
+      print(line, file=sys.stderr, flush=True)
+
+  thread = threading.Thread(target=beat, name='flax-tieext-heartbeat',
+                            daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    thread.join()
+
+
 class ProgressBar:
-  """A one-line progress bar on a terminal; a few plain lines elsewhere."""
+  """A one-line progress bar on a terminal; a few plain lines elsewhere.
+
+  The rate is computed from the steps' own times, from step 2 on: step 1
+  compiles what the loop jits, and a rate over the moments between lines
+  (which can arrive together from a worker) would be meaningless.
+  """
 
   def __init__(self, total: int, stream: TextIO | None = None,
                width: int = 30):
@@ -150,38 +217,54 @@ class ProgressBar:
     self.stream = sys.stderr if stream is None else stream
     self.width = width
     self.tty = hasattr(self.stream, 'isatty') and self.stream.isatty()
-    self.start = time.perf_counter()
+    self.times: list[float] = []
     self._last_draw = 0.0
     self._last_tenth = -1
 
-  def update(self, done: int, loss: float) -> None:
-    """Shows that ``done`` of ``total`` steps ran; ``loss`` is the latest."""
+  def update(self, done: int, loss: float, seconds: float) -> None:
+    """Shows that ``done`` of ``total`` steps ran, the last in ``seconds``."""
+    self.times.append(seconds)
     now = time.perf_counter()
+    drawn = False
     if self.tty:
-      if done < self.total and now - self._last_draw < 0.1:
-        return
-      self._last_draw = now
-      self.stream.write('\r' + self._line(done, loss, now))
-      if done == self.total:
-        self.stream.write('\n')
+      if done == self.total or now - self._last_draw >= 0.1:
+        self._last_draw, drawn = now, True
+        self.stream.write('\r' + self._line(done, loss))
+        if done == self.total:
+          self.stream.write('\n')
     else:
       tenth = done * 10 // self.total
-      if tenth == self._last_tenth:
-        return
-      self._last_tenth = tenth
-      self.stream.write(self._line(done, loss, now) + '\n')
-    self.stream.flush()
+      if tenth != self._last_tenth:
+        self._last_tenth, drawn = tenth, True
+        self.stream.write(f'{_ACTIVITY.elapsed()} {self._line(done, loss)}\n')
+    if drawn:
+      self.stream.flush()
+    _ACTIVITY.doing(f'training, step {done}/{self.total} done', drawn)
 
-  def _line(self, done: int, loss: float, now: float) -> str:
+  def _line(self, done: int, loss: float) -> str:
     filled = self.width * done // self.total
     bar = '#' * filled + '.' * (self.width - filled)
-    rate = done / max(now - self.start, 1e-9)
+    later = self.times[1:]
+    if later:
+      speed = (f'{len(later) / sum(later):.1f} steps/s over steps'
+               f' 2-{len(self.times)}')
+    else:
+      speed = f'step 1 took {self.times[0]:.2f} s (it compiles)'
     return (f'train [{bar}] {done:>{len(str(self.total))}}/{self.total}'
-            f'  loss {loss:.3f}  {rate:.1f} steps/s')
+            f'  loss {loss:.3f}  {speed}')
+
+
+# Set in a --processes worker, whose status lines the launcher shows.
+_WORKER = threading.local()
 
 
 def _status(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
+  """A line on stderr saying what the demo starts doing, and when."""
+  if getattr(_WORKER, 'id', None) is not None:
+    print(WORKER_STATUS + message, flush=True)
+    return
+  _ACTIVITY.doing(message)
+  print(f'{_ACTIVITY.elapsed()} {message}', file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -273,6 +356,7 @@ def _train(variant: Variant, config: t5.T5Config, steps: int,
   batch = _batch_fn(config, mesh)
   on_step = on_step or ProgressBar(steps).update
   losses, times = [], []
+  _status('training; step 1 also compiles the batch and the optimizer update')
   for step in range(steps):
     t0 = time.perf_counter()
     tokens, targets, dropout_key = batch(step)
@@ -280,7 +364,7 @@ def _train(variant: Variant, config: t5.T5Config, steps: int,
     params, opt_state = update(grads, opt_state, params)
     losses.append(float(loss))  # waits for the step
     times.append(time.perf_counter() - t0)
-    on_step(step + 1, losses[-1])
+    on_step(step + 1, losses[-1], times[-1])
   return params, losses, times
 
 
@@ -297,7 +381,11 @@ def _worker(args: argparse.Namespace) -> int:
   prints ``step i/n loss x`` for the launcher's progress bar and writes the
   trained parameters, losses and step times to ``--worker-output``.
   """
+  _WORKER.id = args.process_id
+  _status(f'joining jax.distributed as process {args.process_id} of'
+          f' {args.num_processes}')
   launch.initialize(args.coordinator, args.num_processes, args.process_id)
+  _status('joined; initializing the tied encoder')
   mesh = Mesh(np.array(jax.devices()), ('data',))
   config = t5.T5Config(num_layers=args.layers)
   probe = _batch_fn(config)(0)[:2]
@@ -308,9 +396,10 @@ def _worker(args: argparse.Namespace) -> int:
                               remat=not args.no_remat, dropout=True,
                               batch=_batch_fn(config, mesh)(0)[:2])
 
-  def on_step(step, loss):
+  def on_step(step, loss, seconds):
     if jax.process_index() == 0:
-      print(f'step {step}/{args.steps} loss {loss:.6f}', flush=True)
+      print(f'step {step}/{args.steps} loss {loss:.6f} time {seconds:.6f}',
+            flush=True)
 
   params, losses, times = _train(training, config, args.steps, mesh, on_step)
   if jax.process_index() == 0:
@@ -328,11 +417,13 @@ def _train_across_processes(args: argparse.Namespace):
   bars = []  # drawn from the first step on, as in one process
 
   def on_line(process_id, line, _):
-    if process_id == 0 and line.startswith('step '):
-      done, _, loss = line.split()[1:4]
+    if line.startswith(WORKER_STATUS):
+      _status(f'worker {process_id}: {line[len(WORKER_STATUS):]}')
+    elif process_id == 0 and line.startswith('step '):
+      done, _, loss, _, seconds = line.split()[1:6]
       if not bars:
         bars.append(ProgressBar(args.steps))
-      bars[0].update(int(done.split('/')[0]), float(loss))
+      bars[0].update(int(done.split('/')[0]), float(loss), float(seconds))
 
   flags = [flag for flag in os.environ.get('XLA_FLAGS', '').split()
            if not flag.startswith('--xla_force_host_platform_device_count')]
@@ -340,6 +431,8 @@ def _train_across_processes(args: argparse.Namespace):
       [*flags, '--xla_force_host_platform_device_count=1']))
   with tempfile.TemporaryDirectory() as tmp:
     output = os.path.join(tmp, 'trained.msgpack')
+    _status(f'starting {args.processes} worker processes (each imports JAX,'
+            ' joins jax.distributed and compiles the training step)')
     launch.launch(
         ['-m', 'flax_tieext.demo', '--layers', str(args.layers), '--steps',
          str(args.steps), *(['--no-remat'] if args.no_remat else []),
@@ -396,6 +489,9 @@ class Results:
     untied_vars: the same with the mask copied into every block.
     variants: ``{(tied, remat): Variant}``.
     step_medians: ``{(tied, remat): seconds}`` per loss-and-gradient call.
+    step_spreads: ``{(tied, remat): (fastest, slowest)}`` of those calls.
+    step_ratios: ``{remat: (median, q1, q3)}`` of tied / untied, per round.
+    rounds: how many interleaved rounds were timed.
     loss_difference: ``|loss tied - loss untied|``.
     grad_difference: ``max |grad tied - grad untied|`` over all parameters.
     barriers_kept: whether :func:`measure.keep_remat_on_cpu` took effect.
@@ -409,6 +505,9 @@ class Results:
   untied_vars: dict[str, Any]
   variants: dict[tuple[bool, bool], Variant]
   step_medians: dict[tuple[bool, bool], float]
+  step_spreads: dict[tuple[bool, bool], tuple[float, float]]
+  step_ratios: dict[bool, tuple[float, float, float]]
+  rounds: int
   loss_difference: float
   grad_difference: float
   barriers_kept: bool
@@ -421,6 +520,15 @@ def report(r: Results) -> str:
   mib = measure.format_bytes
   t_r, t_n = variants[True, True], variants[True, False]
   u_r, u_n = variants[False, True], variants[False, False]
+  def ms(key):
+    low, high = r.step_spreads[key]
+    return (f'{step_medians[key] * 1e3:.1f} ms'
+            f' ({low * 1e3:.1f}-{high * 1e3:.1f})')
+
+  def noisy_ratio(remat):
+    median, q1, q3 = r.step_ratios[remat]
+    return f'{median:.3f} ({q1:.2f}-{q3:.2f})'
+
   rows = [
       ('loss + gradient, dropout off', 'tied (nn.tie)', 'untied reference',
        'tied/untied'),
@@ -441,28 +549,42 @@ def report(r: Results) -> str:
       ('temp memory remat / no remat',
        _ratio(t_r.stats.temp_bytes, t_n.stats.temp_bytes),
        _ratio(u_r.stats.temp_bytes, u_n.stats.temp_bytes), ''),
-      ('step time, remat (median)', f'{step_medians[True, True] * 1e3:.1f} ms',
-       f'{step_medians[False, True] * 1e3:.1f} ms',
-       _ratio(step_medians[True, True], step_medians[False, True])),
-      ('step time, no remat (median)',
-       f'{step_medians[True, False] * 1e3:.1f} ms',
-       f'{step_medians[False, False] * 1e3:.1f} ms',
-       _ratio(step_medians[True, False], step_medians[False, False])),
-      ('step time remat / no remat',
+      ('loss + gradient time, remat [1]', ms((True, True)),
+       ms((False, True)), noisy_ratio(True) + ' [2]'),
+      ('loss + gradient time, no remat [1]', ms((True, False)),
+       ms((False, False)), noisy_ratio(False) + ' [2]'),
+      ('time remat / no remat (medians)',
        _ratio(step_medians[True, True], step_medians[True, False]),
        _ratio(step_medians[False, True], step_medians[False, False]), ''),
   ]
-  train_ms = 1e3 * float(np.median(r.step_times[1:] or r.step_times))
+  timed = r.step_times[1:] or r.step_times
+  train_ms = [1e3 * t for t in timed]
+  which = ('steps 2-' + str(len(r.step_times)) + ', step 1 (it compiles)'
+           ' left out' if len(r.step_times) > 1 else 'its only step')
+  all_reduce = ', the gradient all-reduce' if 'processes' in r.trained else ''
   lines = [
       f'T5-style encoder: {config.num_layers} blocks, d_model {config.d_model},'
       f' {config.num_heads} heads, length {config.length}, batch {BATCH_SIZE};'
       f" one {config.length}x{config.length} attention mask in collection"
       " 'graph', tied across blocks with nn.tie",
       f'trained {r.trained} for {len(r.losses)} optax steps: loss'
-      f' {r.losses[0]:.3f} -> {r.losses[-1]:.3f} (median step'
-      f' {train_ms:.1f} ms)',
+      f' {r.losses[0]:.3f} -> {r.losses[-1]:.3f}',
+      f'training step (batch, loss + gradient with dropout{all_reduce},'
+      f' AdamW update): median {statistics.median(train_ms):.1f} ms,'
+      f' {min(train_ms):.1f}-{max(train_ms):.1f} ms over {which}',
       '',
       _table(rows),
+      '',
+      f'[1] median (fastest-slowest) of {r.rounds} rounds, each timing the'
+      ' four variants back to back. Loss + gradient alone, dropout off, one'
+      ' process: shorter than the training step above, which also draws the'
+      ' batch, applies dropout and runs the optimizer.',
+      f'[2] median (middle half) of the {r.rounds} per-round ratios. Both'
+      ' compile to the same computation, the tie only stores the mask once;'
+      ' on a shared CPU the spread is the noise of the machine. For the'
+      f' numbers that do not depend on load see {BENCHMARKS} ("Tie + remat vs'
+      ' a shared module on upstream Flax": the same FLOPs, temp and argument'
+      ' bytes as a hand-shared module, ratio 1.000).',
       '',
       f'gradient check ({r.trained}, trained parameters, dropout off):'
       f' max |grad tied - grad untied| = {r.grad_difference:.2e},'
@@ -482,7 +604,8 @@ def report(r: Results) -> str:
 
 
 def memory_by_depth(depths: Sequence[int], base: t5.T5Config):
-  """Compiled temp and argument bytes per depth for none/remat/remat+tie."""
+  """Per depth, for no remat / remat / remat + tie: compiled temp bytes,
+  argument bytes, and the bytes stored in ``graph`` (the masks)."""
   kinds = {'no remat': (False, False), 'remat': (False, True),
            'remat + tie': (True, True)}
   out = {kind: [] for kind in kinds}
@@ -499,40 +622,65 @@ def memory_by_depth(depths: Sequence[int], base: t5.T5Config):
       _, stats = measure.compile_stats(
           fn, shapes['params'], {'graph': shapes['graph']}, tokens, tokens,
           None)  # dropout off, as in the table
-      out[kind].append((stats.temp_bytes, stats.argument_bytes))
+      out[kind].append((stats.temp_bytes, stats.argument_bytes,
+                        measure.tree_size(shapes['graph'])[1]))
   return out
 
 
 def save_plot(path: str, depths: Sequence[int], memory) -> None:
-  """Writes the memory-vs-depth figure to ``path`` (PNG)."""
+  """Writes the memory-vs-depth figure to ``path`` (PNG).
+
+  Left: compiled temp memory, which remat cuts and the tie leaves alone.
+  Right: the masks stored in ``graph``, which the tie stores once; its title
+  states the whole stored variables, where the difference is small.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-  titles = ('compiled temp memory (activations)',
-            'argument memory (stored variables + batch)')
-  # Series can coincide (the tie leaves the activations alone, remat the
-  # stored variables): each is drawn thinner than the one before, so that it
-  # shows on top of it, and its legend entry says which it lies on.
-  styles = ({'linewidth': 6, 'markersize': 12, 'marker': 'o', 'alpha': 0.45},
-            {'linewidth': 3, 'markersize': 8, 'marker': 's', 'linestyle': '--'},
-            {'linewidth': 1.5, 'markersize': 4, 'marker': 'D', 'linestyle': ':'})
-  for index, (ax, title) in enumerate(zip(axes, titles)):
-    drawn = {}
-    for (kind, values), style in zip(memory.items(), styles):
-      mib = [v[index] / 2**20 for v in values]
-      same = [k for k, other in drawn.items()
-              if all(abs(a - b) <= 0.01 * max(abs(b), 1e-9)
-                     for a, b in zip(mib, other))]
-      label = f'{kind} (on {same[0]})' if same else kind
-      ax.plot(depths, mib, label=label, **style)
-      drawn[kind] = mib
-    ax.set_title(title)
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+  mib = lambda kind, i: [v[i] / 2**20 for v in memory[kind]]  # pylint: disable=unnecessary-lambda-assignment
+  deepest = depths[-1]
+
+  # Remat + tie lies on remat: drawn thinner, on top, and the legend says so.
+  left.plot(depths, mib('no remat', 0), 'o-', color='tab:red', lw=2,
+            label='no remat (untied)')
+  left.plot(depths, mib('remat', 0), 's-', color='tab:blue', lw=6, alpha=0.4,
+            ms=10, label='remat, untied')
+  left.plot(depths, mib('remat + tie', 0), 'D:', color='black', lw=1.5, ms=4,
+            label='remat + tie (the same as remat, untied)')
+  for kind, color in (('no remat', 'tab:red'), ('remat', 'tab:blue')):
+    value = mib(kind, 0)[-1]
+    left.annotate(f'{value:.2f} MiB', (deepest, value), color=color,
+                  textcoords='offset points', xytext=(-10, 0), ha='right',
+                  va='center')
+  left.set_title('compiled temp memory (activations):\nremat cuts it, the'
+                 ' tie leaves it as it is')
+
+  untied_kb = [v[2] / 2**10 for v in memory['remat']]
+  tied_kb = [v[2] / 2**10 for v in memory['remat + tie']]
+  right.plot(depths, untied_kb, 's-', color='tab:blue',
+             label='untied: one mask per block (with or without remat)')
+  right.plot(depths, tied_kb, 'D-', color='black',
+             label='remat + tie: one mask, shared')
+  right.annotate(f'{untied_kb[-1]:.0f} KiB', (deepest, untied_kb[-1]),
+                 color='tab:blue', textcoords='offset points', xytext=(-8, 0),
+                 ha='right', va='center')
+  right.annotate(f'{tied_kb[-1]:.0f} KiB', (deepest, tied_kb[-1]),
+                 textcoords='offset points', xytext=(-8, 6), ha='right')
+  untied_all, tied_all = (memory[k][-1][1] / 2**20
+                          for k in ('remat', 'remat + tie'))
+  right.set_title(
+      "stored attention masks (collection 'graph'):\nall arguments at"
+      f' {deepest} blocks {untied_all:.2f} MiB untied, {tied_all:.2f} MiB'
+      ' tied')
+  right.set_ylabel('KiB')
+  left.set_ylabel('MiB')
+  for ax in (left, right):
     ax.set_xlabel('encoder blocks')
-    ax.set_ylabel('MiB')
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc='upper left', fontsize='small')
   fig.suptitle('T5-style encoder, loss + gradient with dropout off'
                ' (XLA memory_analysis)')
   fig.tight_layout()
@@ -588,6 +736,8 @@ def run(args: argparse.Namespace) -> Results:
   """Trains and measures."""
   barriers_kept = measure.keep_remat_on_cpu()
   config = t5.T5Config(num_layers=args.layers)
+  _status(f'initializing the {args.layers}-block tied encoder and its untied'
+          ' copy')
   probe = task.synthetic_batch(jax.random.key(0), BATCH_SIZE, config.length,
                                config.vocab_size)
   tied_vars, untied_vars = _tied_and_untied_variables(config, probe[0])
@@ -613,13 +763,17 @@ def run(args: argparse.Namespace) -> Results:
       k: functools.partial(v.value_and_grad, params, *probe)
       for k, v in variants.items()}).run(TIMING_ROUNDS)
   step_medians = {k: timer.median(k) for k in variants}
+  step_spreads = {k: timer.spread(k) for k in variants}
+  step_ratios = {rm: timer.ratio((True, rm), (False, rm))
+                 for rm in (True, False)}
   tied_loss, tied_grads = variants[True, remat].value_and_grad(params, *probe)
   untied_loss, untied_grads = variants[False, remat].value_and_grad(
       params, *probe)
   return Results(
       config=config, trained=trained, losses=losses, step_times=step_times,
       tied_vars=tied_vars, untied_vars=untied_vars, variants=variants,
-      step_medians=step_medians,
+      step_medians=step_medians, step_spreads=step_spreads,
+      step_ratios=step_ratios, rounds=TIMING_ROUNDS,
       loss_difference=abs(float(tied_loss) - float(untied_loss)),
       grad_difference=_max_abs_difference(tied_grads, untied_grads),
       barriers_kept=barriers_kept)
@@ -640,6 +794,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.coordinator is not None:
     with _patch_installed():
       return _worker(args)
+  with _heartbeat():
+    return _main(parser, args)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
   if args.plot is not None:
     problem = _plot_path_problem(args.plot)
     if problem:

@@ -1,10 +1,13 @@
 """The demo (``python -m flax_tieext.demo``, console script ``flax-tieext``)."""
 
 import importlib.util
+import io
 import os
+import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,7 +46,7 @@ def test_small_run_prints_the_comparison_table(small_run):
   for row in ('all variables stored (count, bytes)',
               'compiled temp memory, remat',
               'compiled temp memory, no remat',
-              'step time remat / no remat'):
+              'time remat / no remat (medians)'):
     assert row in stdout
   # Two blocks: the tied encoder stores the 32x32 mask once, the untied twice.
   assert re.search(r"variables stored in 'graph' \(count, bytes\)\s+1 \(4\.0 KiB\)"
@@ -60,6 +63,51 @@ def test_tied_gradients_match_the_untied_reference(small_run):
 def test_progress_bar_reaches_the_last_step(small_run):
   _, stderr, _ = small_run
   assert re.search(r'train \[#+\] 3/3', stderr), stderr
+
+
+def test_step_time_is_one_figure_with_its_spread_and_the_table_says_why(
+    small_run):
+  stdout, _, _ = small_run
+  assert re.search(r'training step \(batch, loss \+ gradient with dropout,'
+                   r' AdamW update\): median \S+ ms, \S+-\S+ ms over steps'
+                   r' 2-3', stdout), stdout
+  assert re.search(r'loss \+ gradient time, remat \[1\] +\S+ ms \(\S+-\S+\)',
+                   stdout), stdout
+  assert '[1] median (fastest-slowest)' in stdout
+  assert 'shorter than the training step above' in stdout
+
+
+def test_tied_untied_ratio_comes_with_its_noise_and_a_pointer(small_run):
+  stdout, _, _ = small_run
+  assert re.search(r'\d\.\d{3} \(\d\.\d\d-\d\.\d\d\) \[2\]', stdout), stdout
+  assert 'per-round ratios' in stdout
+  assert demo.BENCHMARKS in stdout
+  assert (pathlib.Path(__file__).parent.parent / demo.BENCHMARKS).is_file()
+
+
+def test_rate_is_over_the_steps_after_the_first():
+  stream = io.StringIO()
+  bar = demo.ProgressBar(4, stream=stream)
+  bar.update(1, 2.0, 3.0)  # compiles: no rate yet
+  assert 'step 1 took 3.00 s (it compiles)' in stream.getvalue()
+  assert 'steps/s' not in stream.getvalue()
+  bar.update(2, 1.9, 0.25)
+  bar.update(3, 1.8, 0.25)
+  bar.update(4, 1.7, 0.5)
+  rates = [float(r) for r in re.findall(r'([\d.]+) steps/s', stream.getvalue())]
+  assert rates == [4.0, 4.0, 3.0], stream.getvalue()
+  # Never faster than the fastest step allows.
+  assert max(rates) <= 1 / 0.25
+
+
+def test_heartbeat_says_what_is_still_running(capsys):
+  with demo._heartbeat(interval=0.2):  # pylint: disable=protected-access
+    demo._status('compiling something slow')  # pylint: disable=protected-access
+    time.sleep(1.2)
+  err = capsys.readouterr().err
+  assert re.search(r'\] compiling something slow\n', err), err
+  assert re.search(
+      r'\] \.\.\. still compiling something slow \(\d+ s so far\)', err), err
 
 
 @pytest.mark.parametrize('flags', [

@@ -167,6 +167,26 @@ class Interleaved:
     """The median wall time of ``name``, in seconds."""
     return statistics.median(self.samples[name])
 
+  def spread(self, name: str) -> tuple[float, float]:
+    """The fastest and slowest wall time of ``name``, in seconds."""
+    return min(self.samples[name]), max(self.samples[name])
+
+  def ratio(self, a: str, b: str) -> tuple[float, float, float]:
+    """``a``'s time over ``b``'s, round by round: median and middle half.
+
+    Each round times ``a`` and ``b`` back to back, so a round's ratio is
+    hit by the machine's load at the same moment; the spread of the ratios
+    is the noise of the comparison.
+
+    Returns:
+      ``(median, first quartile, third quartile)`` of the per-round ratios.
+    """
+    ratios = [x / y for x, y in zip(self.samples[a], self.samples[b])]
+    if len(ratios) < 2:
+      return (ratios[0],) * 3 if ratios else (float('nan'),) * 3
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), q1, q3
+
 
 def format_bytes(n: float) -> str:
   """``1536`` -> ``'1.5 KiB'``."""

@@ -29,3 +29,7 @@ def test_demo_trains_across_processes_and_prints_the_table():
   match = re.search(r'max \|grad tied - grad untied\| = (\S+),', result.stdout)
   assert match and float(match.group(1)) < 1e-5, result.stdout
   assert re.search(r'train \[#+\] 3/3', result.stderr), result.stderr
+  # The workers say what they are doing while they start and compile.
+  for worker in (0, 1):
+    assert f'worker {worker}: joining jax.distributed' in result.stderr
+  assert 'worker 0: compiling loss + gradient' in result.stderr
