@@ -348,9 +348,15 @@ def _name_it_instead(spec, received=None):
 
 
 def _received(spec, args, kwargs):
+  """The call's arguments by parameter name ({} where they cannot bind).
+
+  A spec of Flax's meaning (``as_flax``) is bound here first: its calls never
+  need the signature, and one of a type the resolver refuses (a str) has none.
+  """
   try:
+    spec._bind()  # pylint: disable=protected-access
     return dict(spec.signature.bind_partial(*args, **kwargs).arguments)
-  except TypeError:
+  except (TypeError, ValueError):
     return {}
 
 
@@ -365,7 +371,13 @@ def _call_index_error(spec, i, args):
 
 
 def _probable_flag(spec, hit, received):
-  """A non-static parameter near ``hit`` that looks like a flag or mode."""
+  """A non-static parameter near ``hit`` that looks like a flag or mode.
+
+  None where ``spec`` could not be bound (``static_argnums`` of a type the
+  resolver refuses, such as a str, which Flax's own meaning still takes).
+  """
+  if getattr(spec, 'signature', None) is None:
+    return None
   order = list(spec.signature.parameters)
   at = order.index(hit) if hit in order else 0
   best = None
