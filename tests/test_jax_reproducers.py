@@ -12,20 +12,16 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""The JAX bug reproducers in patches/jax/ stay small and say one word.
+"""The JAX bug reproducers in patches/jax/ stay small; run.py judges them.
 
-Each ``patches/jax/<name>.py`` has at most 15 non-blank lines, its report
-``<name>.md`` shows it verbatim, and run in a fresh interpreter on the
-installed JAX it exits 0 with a last line that is one of ``run.WORDS``
-(``reproduces``, ``fixed``, ``not-applicable``). Which word is not asserted:
-a fixed bug is news, not a failure; ``nox -s upstream`` reports each word on
-each JAX release of the matrix.
-
-Seen on jax 0.10.2 (Flax 0.12.8's pin), CPU: both reproduce.
-``checkpoint_static_argnums_leak`` leaves 30 arrays alive after 30 steps (0
-without ``static_argnums``); ``checkpoint_static_argnames_ignored`` raises
-``TracerBoolConversionError``. On jax 0.4.35 and 0.8.1 the second prints
-``not-applicable``: their ``jax.checkpoint`` has no ``static_argnames``.
+Each ``patches/jax/<name>.py`` has at most ``MAX_LINES`` non-blank lines,
+its report ``<name>.md`` shows it verbatim, and it prints what a reporter
+saw (values, error types), never a verdict; ``run.py``'s ``JUDGES`` turn
+that output into one of ``run.WORDS`` (``reproduces``, ``fixed``,
+``not-applicable``). Which word is not asserted on the installed JAX: a fixed
+bug is news, not a failure; ``nox -s upstream`` reports each word on each JAX
+release of the matrix. The judges are checked here on the outputs each
+verdict stands for.
 """
 
 import importlib.util
@@ -38,7 +34,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FOLDER = ROOT / 'patches' / 'jax'
-MAX_LINES = 15
+MAX_LINES = 22
 
 
 def _runner():
@@ -68,41 +64,87 @@ def test_reproducer_is_short_and_its_report_shows_it(script):
       f'{report.name} does not show {script.name} as it is')
 
 
+def test_no_reproducer_prints_a_verdict_word():
+  for script in REPRODUCERS:
+    assert not any(word in script.read_text() for word in RUN.WORDS), script.name
+
+
+LEAK = '''jax 0.10.2
+static_argnums=(): eager, 30 steps: 0 arrays still alive
+static_argnums=(): jit under checking_leaks: ok
+static_argnums=(1,): eager, 30 steps: {alive} arrays still alive
+static_argnums=(1,): jit under checking_leaks: {jit}
+'''
+NAMES = '''jax 0.12.1
+static_argnums=(1,), f(x, True): grad: 3.0
+static_argnums=(1,), f(x, True): jit(grad): 3.0
+static_argnames=('flag',), f(x, flag=True): grad: {seen}
+static_argnames=('flag',), f(x, flag=True): jit(grad): {seen}
+static_argnames=('flag',), f(x, True): grad: {seen}
+static_argnames=('flag',), f(x, True): jit(grad): {seen}
+'''
+
+
+@pytest.mark.parametrize('name, out, word', [
+    ('checkpoint_static_argnums_leak',
+     LEAK.format(alive=30, jit='Leaked trace DynamicJaxprTrace. Leaked tracer(s):'),
+     'reproduces'),
+    ('checkpoint_static_argnums_leak', LEAK.format(alive=30, jit='ok'), 'reproduces'),
+    ('checkpoint_static_argnums_leak', LEAK.format(alive=0, jit='ok'), 'fixed'),
+    ('checkpoint_static_argnums_leak', LEAK.format(alive=3, jit='ok'), None),
+    ('checkpoint_static_argnums_leak', 'jax 0.10.2\n', None),
+    ('checkpoint_static_argnames_ignored', NAMES.format(seen='TracerBoolConversionError'),
+     'reproduces'),
+    ('checkpoint_static_argnames_ignored', NAMES.format(seen='3.0'), 'fixed'),
+    ('checkpoint_static_argnames_ignored', NAMES.format(seen='TypeError'), 'not-applicable'),
+    ('checkpoint_static_argnames_ignored', NAMES.format(seen='ValueError'), None),
+    ('checkpoint_static_argnames_ignored',
+     NAMES.format(seen='3.0').replace('f(x, True): grad: 3.0', 'f(x, True): grad: 1.0', 1),
+     None),
+    ('a_report_with_no_judge', 'anything\n', None),
+], ids=lambda v: v if isinstance(v, str) and '\n' not in v else None)
+def test_judge_names_what_the_output_shows(name, out, word):
+  assert RUN.verdict(name, out) == word
+
+
 # Pure JAX, so the patch mode is moot: no [opted-out] copy (own_patch_mode).
 @pytest.mark.end_to_end
 @pytest.mark.own_patch_mode
 @pytest.mark.parametrize('script', REPRODUCERS, ids=lambda p: p.stem)
-def test_reproducer_exits_0_saying_one_word(script):
-  env = {k: v for k, v in os.environ.items() if k != 'JAX_REMAT3'}
-  env['JAX_PLATFORMS'] = 'cpu'
+def test_reproducer_runs_and_its_judge_reads_it(script):
+  env = dict(os.environ, JAX_REMAT3='0', JAX_PLATFORMS='cpu')
   result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env, cwd=FOLDER, timeout=RUN.TIMEOUT_S, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
-  lines = result.stdout.strip().splitlines()
-  assert lines and lines[-1] in RUN.WORDS, result.stdout + result.stderr[-3000:]
+  assert RUN.verdict(script.stem, result.stdout) in RUN.WORDS, (
+      result.stdout + result.stderr[-3000:])
 
 
-def test_runner_fails_only_on_a_crash_or_another_word(tmp_path):
+def test_runner_fails_only_on_a_crash_no_judge_or_an_unknown_output(tmp_path):
   (tmp_path / 'run.py').write_text((FOLDER / 'run.py').read_text())
-  (tmp_path / 'a_fixed.py').write_text("print('fixed')\n")
-  (tmp_path / 'b_other.py').write_text("print('reproduces')\nprint('maybe')\n")
+  leak = LEAK.format(alive=0, jit='ok')
+  (tmp_path / 'checkpoint_static_argnums_leak.py').write_text(f'print({leak!r})\n')
+  (tmp_path / 'checkpoint_static_argnames_ignored.py').write_text("print('maybe')\n")
   (tmp_path / 'c_crash.py').write_text("raise ValueError('boom')\n")
-  (tmp_path / 'd_news.py').write_text("print('some output')\nprint('not-applicable')\n")
+  (tmp_path / 'd_no_judge.py').write_text("print('some output')\n")
   result = subprocess.run([sys.executable, str(tmp_path / 'run.py')], capture_output=True,
                           text=True, timeout=120, check=False)
   assert result.returncode == 1, result.stdout + result.stderr
-  lines = result.stdout.splitlines()
+  lines = [line for line in result.stdout.splitlines() if line.startswith('jax ')
+           and ': ' in line[4:] and line.split(': ', 1)[1].split(':')[0] in (
+               'c_crash', 'd_no_judge', 'checkpoint_static_argnums_leak',
+               'checkpoint_static_argnames_ignored')]
   assert [line.split(': ', 1)[1] for line in lines] == [
-      'a_fixed: fixed',
-      "b_other: FAILED (printed 'maybe', not one of reproduces, fixed, not-applicable)",
       'c_crash: FAILED (exit 1)',
-      'd_news: not-applicable',
+      'checkpoint_static_argnames_ignored: FAILED (printed what its judge does not recognise)',
+      'checkpoint_static_argnums_leak: fixed',
+      'd_no_judge: FAILED (no judge in run.py)',
   ], result.stdout
-  assert all(line.startswith('jax ') for line in lines), result.stdout
   assert 'ValueError: boom' in result.stderr, result.stderr
+  assert 'static_argnums=(1,): eager, 30 steps: 0 arrays still alive' in result.stdout
 
-  (tmp_path / 'b_other.py').unlink()
-  (tmp_path / 'c_crash.py').unlink()
+  for name in ('checkpoint_static_argnames_ignored', 'c_crash', 'd_no_judge'):
+    (tmp_path / f'{name}.py').unlink()
   result = subprocess.run([sys.executable, str(tmp_path / 'run.py')], capture_output=True,
                           text=True, timeout=120, check=False)
   assert result.returncode == 0, result.stdout + result.stderr
