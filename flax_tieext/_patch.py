@@ -157,6 +157,12 @@ def _bindings() -> list[_Binding]:
       # (bound now: the first tie may be declared inside the first init).
       _Binding(flax_core, 'init', _core_init),
       _Binding(core_scope, 'init', _core_init),
+      # ... and pack records on each inner root the scope it is made from
+      # (bound now: a tie declared inside a transform asks it of scopes packed
+      # before the first tie).
+      _Binding(_core_lift, 'pack', _pack),
+      _Binding(_core_lift, '_partial_pack', _partial_pack),
+      _Binding(core_scope.Scope, 'rewound', _scope_rewound),
   ]
 
 
@@ -177,7 +183,6 @@ def _machinery_bindings() -> list[_Binding]:
   """
   scope = core_scope.Scope
   return [
-      _Binding(_core_lift, '_partial_pack', _partial_pack),
       _Binding(scope, 'push', _scope_push),
       _Binding(scope, 'param', _scope_param),
       # (module and single-variable ties alike: one hook per Scope method).
@@ -194,27 +199,67 @@ def _machinery_bindings() -> list[_Binding]:
 # method and makes them around it when the scope holds ties.
 
 
-def _partial_pack(pack):
-  """``lift._partial_pack``: tie sources outside its scopes are packed too.
+def _pack(pack):
+  """``lift.pack``: a transform that reuses its trace names it with a site.
 
-  Upstream each transform passes ``pack`` what it declares of a tie source
-  outside it (``tie_sources=``); a released transform does not, so it is
-  looked up by the name the transform gives ``pack`` (``ties.BY_PACK_NAME``;
-  a transform not listed declares nothing).
+  Upstream each transform passes ``pack`` its declaration (``tie_sources=``),
+  and ``pack`` hands it to ``_partial_pack``. Here the name ``pack`` hands on
+  is the carrier: for ``nn.jit`` a :class:`ties.PackSite`, made once per
+  ``pack`` call (one trace cache), which keeps the ties met inside it.
+  """
+  @functools.wraps(pack)
+  def sited_pack(fn, *args, name=None, **kwargs):
+    sources = ties.BY_PACK_NAME.get(name)
+    if sources is not None and sources.caches_trace:
+      name = ties.PackSite(name)
+    return pack(fn, *args, name=name, **kwargs)
+  return sited_pack
+
+
+def _partial_pack(pack):
+  """``lift._partial_pack``: inner roots are linked; tie sources are packed.
+
+  Every inner root records the scope it is made from (``ties.linked``), as
+  Flax records a child's parent, so a tie declared inside the transform
+  reaches its source outside. Where ties are in force, the tie sources
+  outside the scopes are packed too: upstream each transform passes
+  ``pack`` what it declares of them (``tie_sources=``); a released transform
+  does not, so it is looked up by the name the transform gives ``pack``
+  (``ties.BY_PACK_NAME``; a transform not listed declares nothing).
   """
   @functools.wraps(pack)
   def tied_partial_pack(scope_tree, in_variable_filters, out_variable_filters,
                         rng_filters, name=None):
-    tied = tie_lift.packed(scope_tree, name, ties.BY_PACK_NAME.get(name))
-    if tied is None:
-      return pack(scope_tree, in_variable_filters, out_variable_filters,
-                  rng_filters, name)
+    tied = _machinery_bound and tie_lift.packed(
+        scope_tree, name, ties.BY_PACK_NAME.get(name))
+    shown = str(name) if isinstance(name, ties.PackSite) else name
+    if not tied:
+      scope_fn, *rest = pack(scope_tree, in_variable_filters,
+                             out_variable_filters, rng_filters, shown)
+      return (ties.linked(scope_fn, scope_tree, name), *rest)
     scope_fn, repack_fn, variable_groups, *rest = pack(
         tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
-        name)
+        shown)
     return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
             *rest)
   return tied_partial_pack
+
+
+def _scope_rewound(rewound):
+  """``Scope.rewound``: a rewound inner root stands for what the root does.
+
+  Upstream the link ``pack`` records is a field of the inner root that
+  ``rewound`` carries, as it carries ``flags`` (a module's scope is rewound
+  after each of its compact methods).
+  """
+  @functools.wraps(rewound)
+  def linked_rewound(self, rewind_rngs=False):
+    scope = rewound(self, rewind_rngs)
+    link = self.__dict__.get(ties.LINK)
+    if link is not None:
+      scope.__dict__[ties.LINK] = link
+    return scope
+  return linked_rewound
 
 
 def _core_init(init):
@@ -228,7 +273,13 @@ def _core_init(init):
   """
   @functools.wraps(init)
   def tied_init(fn, mutable=True, flags=None):
-    first = init(fn, mutable, flags)
+    @functools.wraps(fn)
+    def fn_then_check(root, *args, **kwargs):
+      y = fn(root, *args, **kwargs)
+      ties.check_deferred(root)  # copies whose source ran after them
+      return y
+
+    first = init(fn_then_check, mutable, flags)
     if mutable is False:  # no variables come back to compute with
       return first
 
@@ -373,7 +424,7 @@ def _bind_machinery() -> bool:
     record = _state()
     if record is None:
       return False
-    if not any(attr == '_partial_pack' for _, attr, _ in record):
+    if not any(attr == 'push' for _, attr, _ in record):
       _apply(_machinery_bindings(), record)
     _machinery_bound = True
     return True

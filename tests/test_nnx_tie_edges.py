@@ -262,3 +262,40 @@ def test_a_view_passed_without_its_source_names_the_tie(graph):
       nnx.jit(lambda m, x: head(m.head, x), graph=False)(model,
                                                          jnp.ones((8,))),
       model.embed.embedding.get_value().T @ jnp.ones((8,)), rtol=1e-6)
+
+
+@pytest.mark.parametrize('ties,fix', [
+    ([('head.kernel', 'embed.embedding')], 'dict(pairs)'),
+    ({'head.kernel'}, 'map each target to its source'),
+    (None, '{} ties nothing'),
+    ({'head.kernel': ('embed.embedding', 2.0)}, 'float 2.0, is not callable'),
+], ids=['a list of pairs', 'a set', 'None', 'a view that is not callable'])
+def test_tie_refuses_ties_it_cannot_read(ties, fix):
+  with pytest.raises(TieError) as info:
+    tie(LM, ties)
+  assert 'flax_tieext.nnx.tie(..., ties)' in str(info.value)
+  assert fix in str(info.value)
+
+
+def test_a_view_that_cannot_be_hashed_is_one_view():
+  """A dataclass view (eq=True: no hash) failed in the tied-class cache."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  @dataclasses.dataclass
+  class Transposed:
+    scale: float = 1.0
+
+    def __call__(self, x):
+      return self.scale * jnp.transpose(x)
+
+  tied = tie(LM, {'head.kernel': ('embed.embedding', Transposed())})(
+      rngs=nnx.Rngs(0))
+  reference = TiedLM(rngs=nnx.Rngs(0))
+  loss = lambda m: jnp.sum(m.head(m.embed(jnp.arange(3))) ** 2)
+  for transform in (nnx.jit, nnx.remat, lambda f, **kw: f):
+    np.testing.assert_allclose(transform(loss, graph=False)(tied),
+                               loss(reference), rtol=1e-6)
+  grads = nnx.grad(loss, graph=False)(tied)
+  np.testing.assert_allclose(grads.embed.embedding[...],
+                             nnx.grad(loss, graph=False)(reference)
+                             .embed.embedding[...], rtol=1e-6)

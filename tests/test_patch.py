@@ -104,12 +104,18 @@ def _declare_a_tie():
 
 @pytest.mark.own_patch_mode
 def test_scope_machinery_is_bound_at_the_first_tie_only():
-  # A program that declares no tie runs Flax's own Scope and pack, and
-  # imports nothing it did not import (nn.partitioning is bound on import).
+  # A program that declares no tie runs Flax's own Scope methods but
+  # rewound, and imports nothing it did not import (nn.partitioning is bound
+  # on import). pack and rewound are bound at install: pack records on each
+  # inner root the scope it is made from (rewound carries it), for a tie
+  # declared later inside the transform.
   result = run_python("""
       import sys
       import flax.core.lift, flax.core.scope, flax.linen as nn
-      before = (flax.core.scope.Scope.push, flax.core.lift._partial_pack)
+      Scope = flax.core.scope.Scope
+      before = (Scope.push, Scope.param, Scope._collection, Scope.variables)
+      linking = (flax.core.lift._partial_pack, flax.core.lift.pack,
+                 Scope.rewound)
       import flax_tieext
       import jax, jax.numpy as jnp
       class M(nn.Module):
@@ -117,7 +123,11 @@ def test_scope_machinery_is_bound_at_the_first_tie_only():
         def __call__(self, x):
           return nn.remat(nn.Dense)(2)(x)
       M().init(jax.random.key(0), jnp.ones((1, 2)))
-      print((flax.core.scope.Scope.push, flax.core.lift._partial_pack) == before,
+      print((Scope.push, Scope.param, Scope._collection, Scope.variables)
+            == before and all(
+                bound.__wrapped__ is original for bound, original in zip(
+                    (flax.core.lift._partial_pack, flax.core.lift.pack,
+                     Scope.rewound), linking)),
             'flax.linen.partitioning' in sys.modules, hasattr(nn, 'partitioning'))
       class Pair(nn.Module):
         @nn.compact
@@ -128,7 +138,9 @@ def test_scope_machinery_is_bound_at_the_first_tie_only():
       import flax.linen.partitioning
       print(nn.partitioning.remat is flax_tieext.linen.partitioning.remat)
       flax_tieext.uninstall()
-      print((flax.core.scope.Scope.push, flax.core.lift._partial_pack) == before,
+      print((Scope.push, Scope.param, Scope._collection, Scope.variables)
+            == before and (flax.core.lift._partial_pack, flax.core.lift.pack,
+                           Scope.rewound) == linking,
             nn.partitioning.remat is flax_tieext.linen.partitioning.remat)
   """, FLAX_TIEEXT_AUTOPATCH='1')
   assert result.returncode == 0, result.stderr

@@ -188,6 +188,75 @@ def test_source_path_must_be_a_string():
   assert 'must be a str' in error(nn.tie(Blocks, {'block_1': 0})(), ONES)
 
 
+BAD_TIES = {  # what was given -> what the message must say to pass
+    'a list of pairs': ([('block_1', 'block_0')], 'dict(pairs)'),
+    'a set': ({'block_1'}, 'map each target to its source'),
+    'None': (None, '{} ties nothing'),
+    'a view that is not callable': ({'block_1': ('block_0', 3)},
+                                    'view_fn, int 3, is not callable'),
+}
+
+
+@installs_patch
+@pytest.mark.parametrize('given', list(BAD_TIES))
+def test_nn_tie_refuses_ties_it_cannot_read_at_the_call(given):
+  """A list of pairs was an AttributeError from the tied-class cache."""
+  ties, fix = BAD_TIES[given]
+  with pytest.raises(TieError) as info:
+    nn.tie(Blocks, ties)
+  assert_message_names(str(info.value), 'nn.tie(..., ties)', fix)
+
+
+@installs_patch
+@pytest.mark.parametrize('given', list(BAD_TIES))
+def test_lift_tie_refuses_ties_it_cannot_read_at_the_call(given):
+  from flax.core import lift  # pylint: disable=g-import-not-at-top
+  ties, fix = BAD_TIES[given]
+  with pytest.raises(TieError) as info:
+    lift.tie(lambda scope, x: x, ties)  # before any scope is given
+  assert_message_names(str(info.value), 'lift.tie(..., ties)', fix)
+
+
+@installs_patch
+def test_a_view_that_cannot_be_hashed_works_under_every_transform():
+  """A dataclass view (eq=True: no hash) failed where a tie is hashed.
+
+  nn.jit keys its traces on the ties in force; such a view keys them as the
+  one object it is, so it is compared with the same hashable view.
+  """
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  @dataclasses.dataclass
+  class Transposed:
+    scale: float = 1.0
+
+    def __call__(self, x):
+      return self.scale * jnp.transpose(x)
+
+  view = Transposed()
+  tokens = jnp.arange(5) % VOCAB
+  reference = nn.tie(LM, HEAD_TIE)()
+  variables = reference.init(jax.random.key(0), tokens)
+  for name in ALL_WRAPS:
+
+    class Root(nn.Module):
+      tie_view: object = None
+
+      @nn.compact
+      def __call__(self, x, wrap=WRAPS[name]):
+        ties = {'head/kernel': ('embed/embedding', self.tie_view)}
+        return wrap(nn.tie(LM, ties))(name='lm')(x)
+
+    model = Root(view)
+    nested = {'params': {'lm': variables['params']}}
+    got = model.init(jax.random.key(0), tokens)  # stored once
+    assert (jax.tree_util.tree_map(jnp.shape, got)
+            == jax.tree_util.tree_map(jnp.shape, nested))
+    for _ in range(2):  # again: the same tied class, the same trace
+      np.testing.assert_allclose(model.apply(nested, tokens),
+                                 reference.apply(variables, tokens), rtol=1e-6)
+
+
 @installs_patch
 def test_a_module_tied_to_a_variable_is_a_tie_error():
   """It was a bare ValueError (the truth value of an array)."""

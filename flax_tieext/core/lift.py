@@ -31,6 +31,7 @@ from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
 from flax.core.scope import Scope
 from flax_tieext.core import _static_args
+from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member
 
@@ -237,6 +238,8 @@ def tie(
       target or source that does not exist (naming the nearest existing
       names) or a target that does not match its source.
   """
+  ties = dict(tie_spec.given(ties, 'lift.tie'))  # checked before any use
+
   def wrapper(scope_tree, *args, **kwargs):
     declaring = jax.tree_util.tree_leaves(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))[-1]

@@ -97,9 +97,33 @@ def _listed(names) -> str:
 # ---------------------------------------------------------------------------
 
 
-def not_a_mapping(ties) -> TieError:
-  return TieError('ties must be a mapping from target path to source path'
-                  f' (or to (source path, view_fn)), got {type(ties).__name__}.')
+def not_a_mapping(ties, api: str = 'lift.tie') -> TieError:
+  """``ties`` is not a mapping: say what was given and what to pass."""
+  kind = type(ties).__name__
+  if isinstance(ties, (list, tuple)) and all(
+      isinstance(p, tuple) and len(p) == 2 for p in ties):
+    fix = (f'Pass a dict: {api}(..., dict(pairs)), e.g.'
+           " {'block_1': 'block_0'}.")
+  elif isinstance(ties, (set, frozenset)):
+    fix = ("A set names targets without their sources: map each target to"
+           " its source, e.g. {'block_1': 'block_0'}.")
+  elif ties is None:
+    fix = 'Pass a mapping; {} ties nothing.'
+  else:
+    fix = "Pass a mapping, e.g. {'block_1': 'block_0'}."
+  return TieError(
+      f'{api}(..., ties): ties must be a mapping from target path to source'
+      f' path (or to (source path, view_fn)), got {kind} {ties!r}. {fix}')
+
+
+def view_not_callable(api: str, target, spec) -> TieError:
+  return TieError(
+      f'The source of tie {target!r} given to {api}(..., ties) must be a path,'
+      f' or a (path, view_fn) pair, got {spec!r}: its view_fn,'
+      f' {type(spec[1]).__name__} {spec[1]!r}, is not callable. Pass a'
+      ' function of the source value, e.g. {"head/kernel":'
+      ' ("embed/embedding", jnp.transpose)}, or the source path alone for'
+      ' an unviewed tie.')
 
 
 def bad_source_spec(target_text: str, declared_at: Path, spec) -> TieError:

@@ -38,20 +38,18 @@ from flax_tieext.core.tie_spec import is_within, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
     BROADCAST,
     CLOSE_OVER,
-    MET_INSIDE,
     LIFT,
     LIFT_CACHED,
-    LIFT_FLAG,
+    LINK,
     TIES_FLAG,
     InitCounters,
     Lift as _Lift,
+    PackSite,
     TieSources,
     in_force,
     lift_record as _lift,
     locate,
-    pack_frame,
     reach,
-    site,
     tie_at,
     visible_collections,
 )
@@ -201,16 +199,17 @@ def _borrowed(scope) -> set[str]:
 
 
 def _link(outer_scopes, inner_scopes, name, tie_sources, kinds, at=None):
-  """Records on each inner root what it stands for (``ties.LIFT_FLAG``)."""
+  """Records on each inner root what it stands for (``ties.LINK``)."""
   siblings = tuple(inner_scopes)
   crossing = tie_sources or TieSources()
   for outer, inner, (rngs_only, closure) in zip(outer_scopes, inner_scopes,
                                                 kinds):
     lift = _lift(outer)
     closure = closure or (lift.closure if lift else None)
-    inner.flags = freeze({**outer.flags, LIFT_FLAG: _Lift(
-        outer, siblings, name, crossing.maps, crossing.caches_trace,
-        rngs_only, closure, at)})
+    inner.flags = outer.flags  # (without_borrowed packs a copy without ties)
+    inner.__dict__[LINK] = _Lift(
+        outer, siblings, str(name), crossing.maps, crossing.caches_trace,
+        rngs_only, closure, at)
     if closure:
       inner.mutable = False
 
@@ -335,18 +334,14 @@ def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
   """What ``lift._partial_pack`` packs for ties crossing it, or None.
 
   None where no scope of ``scope_tree`` has ties in force, and no earlier
-  trace of a transform that reuses it met a tie declared inside
-  (``ties.MET_INSIDE``): Flax's own packing, and nothing of ties in its
-  inner scopes (a tie declared inside the transform finds the outer scope
-  when it first looks, ``ties.lift_record``).
+  trace of a transform that reuses it met a tie declared inside (its
+  :class:`~flax_tieext.core.ties.PackSite` keeps them): Flax's own packing
+  (whose inner roots ``ties.linked`` records).
   """
   scopes, treedef = jax.tree_util.tree_flatten(scope_tree)
-  at = met = None
-  if tie_sources is not None and tie_sources.caches_trace and (
-      MET_INSIDE or any(TIES_FLAG in s.flags for s in scopes)):
-    here = pack_frame(lambda here: here.get('scope_tree') is scope_tree)
-    at = here and site(here)
-    met = at and MET_INSIDE.get(at[0])
+  met = name.met if isinstance(name, PackSite) else None
   if met is None and not any(TIES_FLAG in s.flags for s in scopes):
     return None
+  at = ((name, tuple(s.path for s in scopes)) if isinstance(name, PackSite)
+        else None)
   return Packed(scopes, treedef, name, tie_sources, at, met)

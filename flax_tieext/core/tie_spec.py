@@ -134,14 +134,66 @@ def normalize(ties: Mapping[str, Any], collections: Any,
   (``a -> c``); self-ties, cycles, two sources for one target and ties
   between a module and its own ancestor are refused.
   """
-  if not isinstance(ties, Mapping):
-    raise tie_errors.not_a_mapping(ties)
-  key = (tuple(ties.items()), tuple(collections) if isinstance(
+  key = (given(ties, sep=sep), tuple(collections) if isinstance(
       collections, list) else collections, tuple(declared_at), sep)
   try:
     return _normalized(*key)
   except TypeError:  # an unhashable spec or filter: not memoized
     return _normalized.__wrapped__(*key)
+
+
+def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
+          sep: str = '/') -> tuple:
+  """``ties.items()`` as ``api`` takes them, checked, and hashable.
+
+  Checked before anything is cached by them: ``ties`` must be a mapping, and
+  a view (``(source, view_fn)``) callable. A view that cannot be hashed (a
+  dataclass with ``__call__``) is keyed by identity (:class:`ByIdentity`):
+  a tie is part of the keys of ``nn.jit``'s traces and of the tie caches.
+
+  Raises:
+    TieError: naming the argument or the tie, and what to pass.
+  """
+  if not isinstance(ties, Mapping):
+    raise tie_errors.not_a_mapping(ties, api)
+  items = []
+  for target, spec in ties.items():
+    if isinstance(spec, tuple) and len(spec) == 2 and not (
+        sep != '/' and isinstance(spec[1], (str, int))):  # (NNX: keys)
+      if not callable(spec[1]):
+        raise tie_errors.view_not_callable(api, target, spec)
+      try:
+        hash(spec[1])
+      except TypeError:
+        spec = (spec[0], ByIdentity(spec[1]))
+    items.append((target, spec))
+  return tuple(items)
+
+
+class ByIdentity:
+  """A view that cannot be hashed, as a key: the one object, kept alive here.
+
+  Equal only to a key of the same object, so a trace or a class keyed by it
+  is reused only for that very view (two equal views give two keys, never one
+  key for two different computations).
+  """
+
+  __slots__ = ('fn', '__weakref__')
+
+  def __init__(self, fn: Callable[[Any], Any]):
+    self.fn = fn
+
+  def __call__(self, x):
+    return self.fn(x)
+
+  def __eq__(self, other):
+    return isinstance(other, ByIdentity) and other.fn is self.fn
+
+  def __hash__(self):
+    return id(self.fn)
+
+  def __repr__(self):
+    return repr(self.fn)
 
 
 @functools.lru_cache(maxsize=1024)

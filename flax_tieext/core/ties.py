@@ -36,10 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import sys
 import threading
-import types
-import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -67,9 +64,9 @@ from flax_tieext.core.tie_spec import (
 # pylint: disable=protected-access
 
 TIES_FLAG = '__ties__'
-# On an inner root of a lifted transform: what it stands for (a Lift),
-# recorded by tie_lift and kept by rewound().
-LIFT_FLAG = '__tie_lift__'
+# On an inner root of a lifted transform: what it stands for (a Lift, or what
+# makes one), recorded by ``pack`` when it makes the root (:func:`linked`).
+LINK = '_tie_link'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +109,9 @@ BY_PACK_NAME = {
 class Lift:
   """What an inner root scope of a lifted transform stands for.
 
-  Kept in the inner root's flags (:data:`LIFT_FLAG`) where a tie was in force
-  when the transform packed its scopes (``tie_lift``); otherwise found when
-  first asked (:func:`lift_record`).
+  Recorded on the inner root when ``pack`` makes it (:func:`linked`, or
+  ``tie_lift`` where a tie was in force), as Flax records ``parent`` on a
+  child: one reference per root, no search afterwards.
   """
 
   outer: Any  # the outer scope
@@ -124,7 +121,46 @@ class Lift:
   caches_trace: bool  # the transform reuses its trace (see TieSources)
   rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
   closure: Any  # the Lift of the transform whose closed-over values it holds
-  site: Any = None  # a transform reusing its trace: (packed fn, outer paths)
+  site: Any = None  # a transform reusing its trace: (PackSite, outer paths)
+
+
+class PackSite(str):
+  """The name a transform that reuses its trace (``nn.jit``) gives ``pack``.
+
+  Made once per ``pack`` call, so it stands for one trace cache, and handed
+  by ``pack`` to every packing of it (``_partial_pack``'s ``name``); it keeps
+  the ties met inside that trace (:class:`MetInside`). As a name it is the
+  name: only ``pack``'s debug label reads it.
+  """
+
+  met: MetInside | None = None
+
+
+def linked(scope_fn, scope_tree, name):
+  """``pack``'s ``scope_fn``, recording on each inner root where it comes from.
+
+  Upstream, ``pack`` records the outer scope on the inner root it makes from
+  it, and ``rewound`` carries it, as Flax records and carries a child's
+  ``parent``; the plugin wraps the ``scope_fn`` of ``lift._partial_pack``.
+  Untied code pays a tuple per root (and no Python call of its own beyond
+  the wrapper's): the :class:`Lift` is made when a tie asks
+  (:func:`lift_record`).
+  """
+  outer = jax.tree_util.default_registry.flatten(scope_tree)[0]
+
+  def linking_scope_fn(*args, **kwargs):
+    inner_tree = scope_fn(*args, **kwargs)
+    inner = jax.tree_util.default_registry.flatten(inner_tree)[0]
+    roots = ()
+    for i in inner:
+      if i.parent is None:
+        roots += (i,)
+    for o, i in zip(outer, inner):  # pack makes one inner scope per leaf
+      if i.parent is None:
+        i.__dict__[LINK] = (o, roots, name, outer)
+    return inner_tree
+
+  return linking_scope_fn
 
 
 def in_force(scope) -> InForce | None:
@@ -178,48 +214,19 @@ def declare(scope, ties: Mapping[str, Any],
 # ---------------------------------------------------------------------------
 
 
-def lift_record(scope):
+def lift_record(scope) -> Lift | None:
   """What the root of ``scope`` stands for in a lifted transform, or None."""
   root = scope.root
-  flags = root.flags
-  if LIFT_FLAG in flags:
-    return flags[LIFT_FLAG]
-  if root.parent is None and root.path:  # an inner root packed with no tie
-    found = vars(root).get('_tie_unrecorded', False)
-    if found is False:
-      found = root._tie_unrecorded = _packed_from(root)
-    return found
-  return None
-
-
-def _pack_frames():
-  """The code of ``lift.pack``'s wrapper: its frames hold the packed scopes."""
-  from flax.core import lift  # pylint: disable=g-import-not-at-top
-  if not _PACK_CODES:
-    _PACK_CODES.update(c for c in lift.pack.__code__.co_consts
-                       if isinstance(c, types.CodeType)
-                       and 'scope_tree' in c.co_varnames)
-  return _PACK_CODES
-
-
-_PACK_CODES: set = set()
-
-
-def pack_frame(match=lambda here: True):
-  """The locals of the innermost ``pack`` call on the stack that ``match``es."""
-  codes = _pack_frames()
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    if frame.f_code in codes and match(frame.f_locals):
-      return frame.f_locals
-    frame = frame.f_back
-  return None
-
-
-def site(here) -> tuple:
-  """Where a ``pack`` call is: its function and the paths it packs."""
-  scopes = jax.tree_util.tree_leaves(here.get('scope_tree'))
-  return here.get('fn'), tuple(s.path for s in scopes)
+  found = root.__dict__.get(LINK)
+  if type(found) is tuple:  # recorded by linked(): made into a Lift once
+    outer, roots, name, packed = found
+    sources = BY_PACK_NAME.get(name)
+    caches = sources is None or sources.caches_trace
+    found = root.__dict__[LINK] = Lift(
+        outer, roots, str(name), sources is not None and sources.maps,
+        caches, False, None, (name, tuple(s.path for s in packed))
+        if isinstance(name, PackSite) else None)
+  return found
 
 
 class MetInside:
@@ -230,7 +237,8 @@ class MetInside:
   (``tie_lift.packed``), so the trace takes the source as an input, as for a
   tie declared outside. The trace that met one read the source as a
   closed-over value: ``generation`` counts the ties met, and keys every later
-  trace of the transform, so that none reuses such a trace.
+  trace of the transform, so that none reuses such a trace. Kept by the
+  transform's :class:`PackSite`.
   """
 
   def __init__(self):
@@ -242,41 +250,6 @@ class MetInside:
     if (tie, col) not in met:
       met[tie, col] = None
       self.generation += 1
-
-
-# By the function the transform's ``pack`` wraps; kept with the function.
-MET_INSIDE: MutableMapping = weakref.WeakKeyDictionary()
-
-
-def _packed_from(root) -> Lift | None:
-  """What an inner root that ``pack`` recorded nothing on stands for.
-
-  A transform packs its scopes without a word of ties where none was in
-  force (untied code pays nothing), so a tie declared inside it finds its
-  outer scope here, once per inner root: lifted transforms trace their
-  function while ``pack`` runs, so the ``pack`` call that made ``root`` is on
-  the stack, with the scope ``root`` was made from (the same path, the same
-  rng counters). The source outside is then a closed-over value, as for a
-  transform that does not lift it (``tie_lift.CLOSE_OVER``): read-only and
-  current at every trace; where the transform reuses its trace, that trace
-  is its first, and the pack is remembered (:class:`MetInside`).
-  """
-
-  def outer_of(here):  # the scope root was made from, if this pack made it
-    return next((o for o in jax.tree_util.tree_leaves(here.get('scope_tree'))
-                 if getattr(o, 'rng_counters', None) is root.rng_counters
-                 and o.path == root.path and o.root is not root), None)
-
-  here = pack_frame(lambda here: outer_of(here) is not None)
-  if here is None:
-    return None
-  outer = outer_of(here)
-  name = here.get('name') or 'transform'
-  sources = BY_PACK_NAME.get(name)
-  return Lift(outer, (root,), name, sources is not None and sources.maps,
-              sources is None or sources.caches_trace, False, None,
-              site(here) if sources is not None and sources.caches_trace
-              else None)
 
 
 def locate(scope, path: Path, rngs: bool = False):
@@ -378,6 +351,9 @@ class InitRun:
   def __init__(self, replaying: bool = False):
     self.replaying, self.recompute = replaying, False
     self.first: set[tuple[Path, str]] = set()  # targets that ran first
+    # Copies whose source, outside the declaring module, had not run when
+    # its call returned: checked when the init's function returns.
+    self.deferred: list[tuple[Tie, str]] = []
 
 
 _INIT_RUNS = threading.local()
@@ -417,6 +393,23 @@ def init_once_more(init, again):
     finally:
       runs.pop()
   return y, variables
+
+
+def check_deferred(root):
+  """Checks the copies whose source had not run when their tie's call returned.
+
+  ``flax.core.init`` calls it on the root scope when the init's function
+  returns: a source outside the module that declares the tie (a block's own
+  tie to a module beside it) may run after the target, as one shared module
+  may be called first at either place.
+  """
+  runs = _init_runs()
+  if not runs or not runs[-1].deferred:
+    return
+  deferred, runs[-1].deferred = runs[-1].deferred, []
+  sources = {}
+  for tie, col in deferred:
+    _check_copy_of(root, tie, col, sources, set())
 
 
 def _used(scope) -> set:
@@ -524,12 +517,10 @@ def refused(scope, tie: Tie, col: str, why: Refused, *, write: bool = False,
              else ())
   inside = (declared_inside(tie, col, crossed) if why == Refused.INSIDE
             else None)
-  transform = _declared_in(scope) if why == Refused.UNREACHABLE else None
   if why == Refused.MISSING:
     return tie_errors.collection_missing(tie, col, where, given)
   if why == Refused.UNREACHABLE:
-    return (tie_errors.unreachable(tie, col, where) if transform is None else
-            tie_errors.declared_inside(tie, col, where, transform))
+    return tie_errors.unreachable(tie, col, where)
   if why == Refused.KINDS:
     return tie_errors.kinds_differ(tie, col, target_is_module=True)
   if why == Refused.GIVEN:
@@ -554,35 +545,18 @@ def declared_inside(tie: Tie, col: str, crossed):
   closed-over value (the transform did not lift it: the tie was not in force
   when it packed its scopes), current wherever the transform traces at every
   call. A transform that reuses its trace (``nn.jit``) would keep a stale
-  copy: the first trace that meets the tie remembers its pack (``site``), and
-  every later one lifts the source (:class:`MetInside`). A transform that
-  declares nothing is refused.
+  copy: the first trace that meets the tie remembers it with its pack
+  (:class:`PackSite`), and every later one lifts the source
+  (:class:`MetInside`). A transform that declares nothing is refused.
   """
   for lift in crossed:
     if lift.caches_trace and tie_at(lift.outer, tie.target, col) is None:
       if lift.site is None:
         return lift
-      fn, paths = lift.site
-      if fn not in MET_INSIDE:
-        MET_INSIDE[fn] = MetInside()
-      MET_INSIDE[fn].add(paths, tie, col)
-  return None
-
-
-def _declared_in(scope) -> str | None:
-  """The transform a tie whose source ``scope`` cannot reach is declared in.
-
-  Past the outermost lifted transform whose pack saw no tie in force (and so
-  recorded nothing), the tie was declared inside that transform; None where
-  there is none (the source is simply out of reach).
-  """
-  root = scope.root
-  while lift_record(root) is not None:
-    root = lift_record(root).outer.root
-  if root.parent is None and root.path:  # an inner root of a transform
-    # Flax's pack labels it 'name(module)' (remat(block_1)).
-    label = root.debug_path[-1] if root.debug_path else ''
-    return label.split('(', 1)[0] if '(' in label else 'transform'
+      at, paths = lift.site
+      if at.met is None:
+        at.met = MetInside()
+      at.met.add(paths, tie, col)
   return None
 
 
@@ -640,8 +614,8 @@ def _given(scope, col: str) -> bool:
   were refused outside.
   """
   root = scope.root
-  if (scope is not root and LIFT_FLAG in root.flags
-      and tie_at(root, root.path, col) is not None):
+  lift = lift_record(root) if scope is not root else None
+  if lift is not None and tie_at(lift.outer, root.path, col) is not None:
     return False
   return bool(stored(scope, scope.path, col))
 
@@ -1032,6 +1006,10 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       runs[-1].recompute = _ran_first(scope, tie, col, copy, source,
                                       runs[-1].first)
   elif not isinstance(copy, Mapping) or copy:
+    runs = _init_runs()
+    if runs and not is_within(tie.source, scope.path):  # it may run later
+      runs[-1].deferred.append((tie, col))
+      return True
     raise tie_errors.source_missing_at_init(tie, col,
                                             _near(scope, tie.source, col))
   _drop(scope, tie.target, col)

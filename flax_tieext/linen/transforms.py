@@ -40,6 +40,7 @@ from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
 from flax_tieext.core import _static_args
 from flax_tieext.core import lift
+from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
 
@@ -303,7 +304,7 @@ def tie(
         ' ties name, e.g. nn.tie(Encoder, {"block_1": "block_0"}).')
   partial_object = target if isinstance(target, functools.partial) else None
   module_class = partial_object.func if partial_object else target
-  tied = _tied_class(module_class, ties, collections)
+  tied = _tied_class(module_class, tie_spec.given(ties, 'nn.tie'), collections)
   if partial_object is not None:
     return functools.partial(tied, *partial_object.args,
                              **partial_object.keywords)
@@ -317,13 +318,17 @@ def tie(
 _TIED_CLASSES = weakref.WeakValueDictionary()
 
 
-def _tied_class(module_class, ties, collections):
-  """The subclass of ``module_class`` that declares ``ties``, made once."""
-  key = (module_class, tuple(ties.items()),
+def _tied_class(module_class, items, collections):
+  """The subclass of ``module_class`` that declares ``items``, made once.
+
+  ``items``: the ties as ``tie_spec.given`` checked them (hashable).
+  """
+  ties = dict(items)
+  key = (module_class, items,
          tuple(collections) if isinstance(collections, list) else collections)
   try:
     tied = _TIED_CLASSES.get(key)
-  except TypeError:  # an unhashable view or filter: a class of its own
+  except TypeError:  # an unhashable filter: a class of its own
     key, tied = None, None
   if tied is not None:
     return tied

@@ -70,7 +70,8 @@ def _name(fn) -> str:
   return getattr(fn, '__qualname__', None) or repr(fn)
 
 
-def _records(ties, inherited: tuple[Tie, ...] = ()) -> tuple[Tie, ...]:
+def _records(ties, inherited: tuple[Tie, ...] = (),
+             api: str = 'flax_tieext.nnx.tie') -> tuple[Tie, ...]:
   """The ties of a tied class, or the normal form of ``ties`` and ``inherited``.
 
   ``ties`` in NNX's spelling (``'head.kernel'``); the normal form is Linen's
@@ -79,7 +80,8 @@ def _records(ties, inherited: tuple[Tie, ...] = ()) -> tuple[Tie, ...]:
   """
   if isinstance(ties, type) and hasattr(ties, '_tieext_ties'):
     return ties._tieext_ties  # pylint: disable=protected-access
-  return tie_spec.compose(inherited + tie_spec.normalize(ties, None, (), '.'))
+  items = dict(tie_spec.given(ties, api, '.'))  # checked before any use
+  return tie_spec.compose(inherited + tie_spec.normalize(items, None, (), '.'))
 
 
 # --------------------------------------------------------------------------
@@ -703,7 +705,7 @@ def untie_state(state: nnx.State, ties,
       target inside a stack that ``stacks`` does not name (known by the
       stacked Variables beside it), which would be written unstacked.
   """
-  records = _records(ties)
+  records = _records(ties, api='flax_tieext.nnx.untie_state')
   flat = _flat(state)
   tree = _tree(flat)
   stacks = tie_convert._stack_paths(stacks, sep='.')  # pylint: disable=protected-access
@@ -762,7 +764,7 @@ def tie_state(state: nnx.State, ties) -> nnx.State:
       or a target that differs from its source (naming both paths and the
       largest difference).
   """
-  records = _records(ties)
+  records = _records(ties, api='flax_tieext.nnx.tie_state')
   flat = _flat(state)
   for record in records:
     for role in ('source', 'target'):

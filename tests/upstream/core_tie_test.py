@@ -1196,6 +1196,5 @@ class LiftedTieTest(parameterized.TestCase):
     init(lambda scope, x: scope.child(lift.remat(probe), 'a')(x))(
         random.key(1), x)
     self.assertTrue(scope_flags)
-    for flags in scope_flags:
-      self.assertNotIn(ties.LIFT_FLAG, flags)
-      self.assertNotIn(ties.TIES_FLAG, flags)
+    for flags in scope_flags:  # Flax's own: nn.jit keys its traces on them
+      self.assertEqual(set(flags), {'initializing'})
