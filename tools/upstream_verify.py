@@ -29,7 +29,9 @@ Flax main 18f8f311; each PR applies to both):
    after each PR wherever they pass before the series, new tests included;
 6. ``tests/upstream_compat_test.py`` (``COMPAT_TEST``): the programs that run
    before the series give the same results after each PR, and what the PR
-   adds holds.
+   adds holds;
+7. the docs PR (``patches/docs/``): every code block of its page runs on the
+   installed Flax (``tests/test_upstream_docs.py``).
 
 Exits non-zero, listing every problem, if any check fails.
 """
@@ -223,8 +225,20 @@ def verify() -> list[str]:
   return problems
 
 
+DOCS_TEST = ROOT / 'tests' / 'test_upstream_docs.py'
+
+
+def verify_docs() -> list[str]:
+  """patches/docs/: every code block of the docs PR's page runs on this Flax."""
+  run = _run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-c',
+              os.devnull, '--rootdir', str(ROOT), DOCS_TEST], capture_output=True, text=True)
+  print(f'  {DOCS_TEST.name}: {(run.stdout.strip().splitlines() or ["no output"])[-1]}',
+        flush=True)
+  return [] if run.returncode == 0 else [f'{DOCS_TEST.name} fails:\n{run.stdout[-4000:]}']
+
+
 def main() -> int:
-  problems = verify()
+  problems = verify() + verify_docs()
   for problem in problems:
     print('PROBLEM:', problem)
   print('upstream: ' + ('ok' if not problems else f'{len(problems)} problem(s)'))
