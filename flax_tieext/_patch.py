@@ -263,13 +263,14 @@ def _scope_rewound(rewound):
 
 
 def _core_init(init):
-  """``flax.core.init``: where a target ran first, the output is computed again.
+  """``flax.core.init``: where a target ran first, init runs again, seeded.
 
   Upstream, ``init``'s wrapper would call ``ties.init_once_more`` itself. A
   target that runs before its source computes with a copy; where the copy
-  differs from what ``init`` stores for the source, the output is computed
-  again with the stored variables given, as ``apply`` computes it, and the
-  variables are the first call's.
+  differs from what ``init`` stores for the source, the init runs again with
+  the source's values stored at the target (``apply`` of them with the
+  ``initializing`` flag, as ``init`` is ``apply`` of ``{}``), so its output
+  and every collection it returns are computed from the source's values.
   """
   @functools.wraps(init)
   def tied_init(fn, mutable=True, flags=None):
@@ -280,16 +281,17 @@ def _core_init(init):
       return y
 
     first = init(fn_then_check, mutable, flags)
-    if mutable is False:  # no variables come back to compute with
+    if mutable is False:  # nothing can be stored: no target runs first
       return first
 
     @functools.wraps(first)
     def wrapper(rngs, *args, **kwargs):
-      def again(variables):
+      def again(seeds):
         keys = rngs if isinstance(rngs, Mapping) else {'params': rngs}
         return core_scope.apply(
-            fn, mutable=mutable, flags={**(flags or {}), 'initializing': True}
-        )(variables, *args, rngs=keys, **kwargs)[0]
+            fn_then_check, mutable=mutable,
+            flags={**(flags or {}), 'initializing': True},
+        )(seeds, *args, rngs=keys, **kwargs)
       return ties.init_once_more(
           lambda: first(rngs, *args, **kwargs), again)
     return wrapper

@@ -347,6 +347,52 @@ def test_an_init_time_write_lands_in_the_source_or_raises(wrap, ties):
   assert_says_how_to_fix(message)
 
 
+class RandomlyMasked(nn.Module):
+  """``x`` times a ``graph`` mask drawn from ``make_rng('params')``."""
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask', lambda: jax.random.uniform(
+        self.make_rng('params'), (D,)))
+    return x * mask.value
+
+
+class Totalled(nn.Module):
+  """Two uses, then a ``stats`` total of both outputs, written after them."""
+  wrap: str
+  target_first: bool | None  # None: one module called twice, a's place first
+
+  @nn.compact
+  def __call__(self, x):
+    cls = WRAPS[self.wrap](RandomlyMasked)
+    a = cls(name='a')
+    b = a if self.target_first is None else cls(name='b')
+    if self.target_first is False:
+      ya, yb = a(x), b(x)
+    else:
+      yb = b(x)
+      ya = a(x)
+    total = self.variable('stats', 'total', jnp.zeros, ())
+    total.value += ya.sum() + yb.sum()
+    return ya + yb
+
+
+@installs_patch
+@pytest.mark.parametrize('target_first', [False, True],
+                         ids=['source_first', 'target_first'])
+@pytest.mark.parametrize('wrap', sorted(WRAPS))
+def test_state_that_init_computes_from_a_tied_use_is_one_shared_modules(
+    wrap, target_first):
+  """Target first, the stats total came from the target's throw-away mask."""
+  tied = nn.tie(Totalled, {'b': 'a'}, collections='graph')(wrap, target_first)
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  want, shared = Totalled(wrap, None).init_with_output(jax.random.key(0), X)
+  assert_trees_equal(variables['graph'], shared['graph'])
+  assert_trees_close(variables['stats'], shared['stats'])
+  assert_close(y, want)
+  assert_close(y, tied.apply(variables, X, mutable='stats')[0])
+
+
 class DropoutAtInit(nn.Module):
   """Dropout active while initializing (``deterministic=False`` at init)."""
 

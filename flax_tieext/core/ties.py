@@ -27,7 +27,8 @@ and ``Scope.param`` :func:`check_param`.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`); where a target ran first with other values than its
-source's, the init computes its output again (:func:`init_once_more`).
+source's, the init runs again with the source's values stored at the target
+(:func:`init_once_more`).
 Lifted transforms take part through ``flax_tieext.core.tie_lift``; the
 messages are ``flax_tieext.core.tie_errors``.
 """
@@ -342,15 +343,17 @@ class InitLog:
 class InitRun:
   """One ``init`` call, as the checks at the end of its declaring calls see it.
 
-  ``recompute`` is set where a target ran before its source and computed with a
-  copy that differs from the values stored for the source: the output of that
-  ``init`` is then computed again from the variables it stores
-  (:func:`init_once_more`), as ``apply`` of them computes it.
+  ``seeds`` holds, for each target that ran before its source and computed
+  with a copy that differs from the values stored for the source, those
+  values (through the view): the ``init`` then runs again with them stored
+  at the target, so that the target computes with its source's values from
+  its first use, as one shared module does (:func:`init_once_more`).
   """
 
   def __init__(self, replaying: bool = False):
-    self.replaying, self.recompute = replaying, False
+    self.replaying = replaying
     self.first: set[tuple[Path, str]] = set()  # targets that ran first
+    self.seeds: list[tuple[Path, str, Any]] = []  # (target, col, values)
     # Copies whose source, outside the declaring module, had not run when
     # its call returned: checked when the init's function returns.
     self.deferred: list[tuple[Tie, str]] = []
@@ -367,17 +370,23 @@ def _init_runs() -> list[InitRun]:
 
 
 def init_once_more(init, again):
-  """``init()`` (one ``init`` call); its output again where a check asks.
+  """``init()`` (one ``init`` call); again, seeded, where a target ran first.
+
+  A target that runs before its source cannot read values that do not exist
+  yet: it computes with its own copy. Where that copy differs from what the
+  source stores (:func:`_ran_first`), everything the init computed from it
+  (its output, and state such as a ``stats`` total written from both uses)
+  is another model's. The init then runs again with the source's values
+  stored at each such target (``seeds``), which the target reads as its copy
+  from its first use: one shared module's first call would have made them.
 
   Args:
     init: runs the init, giving ``(output, variables)``.
-    again: ``again(variables)`` computes the output from ``variables`` (the
-      same function, arguments and rngs, with the variables given).
+    again: ``again(seeds)`` runs the same init (function, arguments, rngs)
+      with the variables ``seeds`` stored before it starts.
 
   Returns:
-    ``(output, variables)``: the variables are what ``init`` stores; the
-    output is ``again``'s where a target that ran before its source
-    computed with values its source does not store (:func:`_ran_first`).
+    ``(output, variables)`` of the first run, or of the seeded one.
   """
   runs = _init_runs()
   run = InitRun()
@@ -386,13 +395,19 @@ def init_once_more(init, again):
     y, variables = init()
   finally:
     runs.pop()
-  if run.recompute:
-    runs.append(InitRun(replaying=True))
-    try:
-      y = again(variables)
-    finally:
-      runs.pop()
-  return y, variables
+  if not run.seeds:
+    return y, variables
+  seeds = {}
+  for path, col, values in run.seeds:
+    node = seeds.setdefault(col, {})
+    for name in path[:-1]:
+      node = node.setdefault(name, {})
+    node[path[-1]] = values
+  runs.append(InitRun(replaying=True))
+  try:
+    return again(seeds)
+  finally:
+    runs.pop()
 
 
 def check_deferred(root):
@@ -703,7 +718,9 @@ class TiedNames(MutableMapping):
     how = route(scope, tie, col, write=write, given=name in self.own,
                 found=found is not None, crossed=crossed)
     if how == COPY:
-      if write and found is None and name in self.own:
+      runs = _init_runs()
+      if (write and found is None and name in self.own
+          and not (runs and runs[-1].replaying)):  # (seeded: a write-back)
         raise tie_errors.written_before_source(tie, col, ())
       if write or found is None:
         return None  # the target's own copy, checked and dropped by check_init
@@ -1002,9 +1019,10 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       sources[key] = source, crossed, flat
     _check_copy(tie, col, copy, source, flat if tie.view is None else None)
     runs = _init_runs()
-    if runs and not runs[-1].recompute and not runs[-1].replaying:
-      runs[-1].recompute = _ran_first(scope, tie, col, copy, source,
-                                      runs[-1].first)
+    if runs and not runs[-1].replaying:
+      seen = _ran_first(scope, tie, col, copy, source, runs[-1].first)
+      if seen is not None:
+        runs[-1].seeds.append((tie.target, col, seen))
   elif not isinstance(copy, Mapping) or copy:
     runs = _init_runs()
     if runs and not is_within(tie.source, scope.path):  # it may run later
@@ -1017,24 +1035,27 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
   return True
 
 
-def _ran_first(scope, tie: Tie, col: str, copy, source, first) -> bool:
-  """Whether the target ran before its source with values it does not store.
+def _ran_first(scope, tie: Tie, col: str, copy, source, first):
+  """The source's values (viewed) where the target ran first without them.
 
   The target ran first where its use found no source (``first``, recorded by
   :func:`route`), or, in a trace that ``nn.jit`` replays without running
   Python, where its entry precedes the source's below their common ancestor
   (Flax adds a scope's entry at its first write). Its copy then matters
   where its values differ from the source's (through the view); traced
-  values cannot be compared, and count as differing.
+  values cannot be compared, and count as differing. None otherwise.
   """
   if (tie.target, col) not in first and not _entered_first(scope, tie, col):
-    return False
-  seen = dict(flatten(apply_views(tie, source)))
-  pairs = [(_unboxed(leaf), _unboxed(seen.get(path)))
+    return None
+  seen = apply_views(tie, source)
+  flat = dict(flatten(seen))
+  pairs = [(_unboxed(leaf), _unboxed(flat.get(path)))
            for path, leaf in flatten(copy)]
-  return not all(a is b or not isinstance(a, jax.core.Tracer) and not
-                 isinstance(b, jax.core.Tracer) and np.array_equal(a, b)
-                 for a, b in pairs)
+  if all(a is b or not isinstance(a, jax.core.Tracer) and not
+         isinstance(b, jax.core.Tracer) and np.array_equal(a, b)
+         for a, b in pairs):
+    return None
+  return seen
 
 
 def _entered_first(scope, tie: Tie, col: str) -> bool:
