@@ -333,6 +333,14 @@ UNION_CASES = {  # declarations, what is tied, whether init's output is apply's
          {'c/p/kernel': 'c/q/kernel', 'a/q': 'c/q', 'a': 'c'}],
         {'a': 'c', 'a/p/kernel': 'c/q/kernel', 'c/p/kernel': 'c/q/kernel'},
         False),  # a/p/kernel and c/p/kernel run before c/q/kernel
+    # The same ties split so that the first declaration alone gives
+    # a/p/kernel two sources (c/q/kernel and, through a -> c, c/p/kernel);
+    # the second reconciles them: stacked, they are their union.
+    'a_part_invalid_alone': (
+        [{'a/p/kernel': 'a/q/kernel', 'a': 'c'},
+         {'c/p/kernel': 'c/q/kernel', 'a/q': 'c/q'}],
+        {'a': 'c', 'a/p/kernel': 'c/q/kernel', 'c/p/kernel': 'c/q/kernel'},
+        False),
 }
 
 

@@ -129,10 +129,21 @@ def normalize(ties: Mapping[str, Any], collections: Any,
   ``sep`` is how the paths are written: ``'/'`` in Linen, ``'.'`` in NNX
   (with ``collections=None``).
 
-  The paths become absolute, then the mapping is put in normal form
-  (:func:`compose`): chains (``a -> b``, ``b -> c``) resolve to their end
-  (``a -> c``); self-ties, cycles, two sources for one target and ties
-  between a module and its own ancestor are refused.
+  The paths become absolute (:func:`absolute`), then the mapping is put in
+  normal form (:func:`compose`): chains (``a -> b``, ``b -> c``) resolve to
+  their end (``a -> c``); self-ties, cycles, two sources for one target and
+  ties between a module and its own ancestor are refused.
+  """
+  return compose(absolute(ties, collections, declared_at, sep))
+
+
+def absolute(ties: Mapping[str, Any], collections: Any,
+             declared_at: Path, sep: str = '/') -> tuple[Tie, ...]:
+  """The ties as declared, with absolute paths: what a scope puts in force.
+
+  Self-ties and two spellings of one target are refused here. The rest is
+  the normal form's of the ties in force where they are declared: a mapping
+  invalid alone may be part of a valid union (stacked ``nn.tie`` classes).
   """
   key = (given(ties, sep=sep), tuple(collections) if isinstance(
       collections, list) else collections, tuple(declared_at), sep)
@@ -199,11 +210,11 @@ class ByIdentity:
 @functools.lru_cache(maxsize=1024)
 def _normalized(items, collections, declared_at: Path,
                 sep: str) -> tuple[Tie, ...]:
-  """:func:`normalize` of ``ties.items()``; the same ties give the same records.
+  """:func:`absolute` of ``ties.items()``; the same ties give the same records.
 
   Memoized: a module declares its ties each time it is bound (every ``init``,
   ``apply``, clone), and one declaration should cost one lookup, not a pass
-  over all of its ties.
+  over all of its ties (:func:`compose` is memoized too).
   """
   from flax.core import lift  # pylint: disable=g-import-not-at-top
   col_filter = lift._hashable_filter(collections)  # pylint: disable=protected-access
@@ -222,11 +233,12 @@ def _normalized(items, collections, declared_at: Path,
     if target == source:
       raise tie_errors.self_tie(target_text, spec, declared_at, target, sep)
     raw[target] = (source, view, target_text)
-  return compose(tuple(
+  return tuple(
       Tie(target, source, col_filter, view, tuple(declared_at), sep=sep)
-      for target, (source, view, _) in raw.items()))
+      for target, (source, view, _) in raw.items())
 
 
+@functools.lru_cache(maxsize=1024)
 def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
   """The normal form of a set of ties: each target mapped to its stored path.
 
@@ -394,22 +406,16 @@ class Form:
 class Forms(dict):
   """Collection -> the :class:`Form` of ``declared``, derived on first use.
 
-  ``normal``: whether ``declared`` is one declaration's normal form
-  (``normalize``), with one collection filter: then it is every collection's
-  normal form. A conflict among the ties of a collection raises when its form
-  is derived.
+  A conflict among the ties of a collection raises when its form is derived.
   """
 
-  def __init__(self, declared: tuple[Tie, ...], normal: bool):
+  def __init__(self, declared: tuple[Tie, ...]):
     super().__init__()
-    self.declared, self.normal = declared, normal
+    self.declared = declared
 
   def __missing__(self, col: str) -> Form:
-    if self.normal:  # one filter: every tie applies, or none
-      ties = self.declared if self.declared[0].applies_to(col) else ()
-    else:
-      ties = tuple(t for t in self.declared if t.applies_to(col))
-    found = self[col] = Form(ties if self.normal else compose(ties))
+    found = self[col] = Form(compose(tuple(
+        t for t in self.declared if t.applies_to(col))))
     return found
 
 
@@ -429,10 +435,10 @@ class InForce:
       it); None outside an init.
   """
 
-  def __init__(self, declared: tuple[Tie, ...], normal: bool = False,
-               forms: Forms | None = None, log: Any = None):
+  def __init__(self, declared: tuple[Tie, ...], forms: Forms | None = None,
+               log: Any = None):
     self.declared = declared
-    self.forms = Forms(declared, normal) if forms is None else forms
+    self.forms = Forms(declared) if forms is None else forms
     self.log = log
 
   def __eq__(self, other):

@@ -52,13 +52,13 @@ from flax_tieext.core.tie_spec import (
     Path,
     Form,
     Tie,
+    absolute,
     apply_view,
     apply_views,
     check_like,
     flatten,
     is_within,
     named_collections,
-    normalize,
 )
 
 # Scope's privates are this module's to use, as lift.py uses them.
@@ -181,28 +181,30 @@ def tie_at(scope, path: Path, col: str) -> Tie | None:
   return found.forms[col].at.get(path) if found is not None else None
 
 
-def declare(scope, ties: Mapping[str, Any],
-            collections: Any = 'params') -> tuple[Tie, ...]:
+def declare(scope, ties: Mapping[str, Any], collections: Any = 'params',
+            stacked=()) -> tuple[Tie, ...]:
   """Puts ``ties`` in force at ``scope`` and every scope derived from it.
 
-  ``ties`` and ``collections`` are what ``lift.tie`` takes; their records
-  (``tie_spec.normalize``) are returned. ``scope`` is changed in place, as its
-  constructor would have set it. A tie equal to one in force is kept
-  (declaring again is a no-op). The ties in force are checked together at
-  once (for the collections they name): a tie that gives a target in force
-  another source, or closes a cycle with them, raises a ``TieError``.
+  ``ties`` and ``collections`` are what ``lift.tie`` takes; ``stacked``, more
+  such pairs declared with them (stacked ``nn.tie`` classes). Their records
+  (``tie_spec.absolute``) are returned. ``scope`` is changed in place, as its
+  constructor would have set it. A tie equal to one in force is
+  kept (declaring again is a no-op). The ties in force are checked together
+  at once (for the collections they name), as their union: a tie that gives a
+  target in force another source, or closes a cycle with them, raises a
+  ``TieError``.
   """
-  records = normalize(ties, collections, scope.path)
+  records = sum([absolute(t, c, scope.path)
+                 for t, c in (*stacked, (ties, collections))], ())
   present = in_force(scope)
   declared = present.declared if present is not None else ()
-  known = set(map(id, declared))  # normalize gives the same records again
+  known = set(map(id, declared))  # absolute gives the same records again
   added = tuple([t for t in records if id(t) not in known])
   log = present.log if present is not None else None
   new_log = (log is None and bool(declared or added)
              and scope.get_flag('initializing', False))
   if added or new_log:
-    now = InForce(declared + added, normal=not declared,
-                  forms=None if added else present.forms,
+    now = InForce(declared + added, forms=None if added else present.forms,
                   log=InitLog() if new_log else log)
     now.check(added)  # refuses a conflict where it is declared
     scope.flags = freeze({**scope.flags, TIES_FLAG: now})

@@ -336,7 +336,9 @@ def _tied_class(module_class, items, collections):
   def declare(module):
     # A TestScope is the root of a clone that only runs setup's static checks.
     if module.scope is not None and not isinstance(module.scope, TestScope):
-      return ties_lib.declare(module.scope, ties, collections)
+      # Stacked nn.ties are declared together, as their union, by each.
+      *stacked, (last, cols) = type(module)._tie_declarations
+      return ties_lib.declare(module.scope, last, cols, stacked)
     return ()
 
   def check_init(module):
@@ -402,6 +404,8 @@ def _tied_class(module_class, items, collections):
       'init_with_output': init_with_output,
       '__module__': module_class.__module__,
       '__qualname__': module_class.__qualname__,
+      '_tie_declarations': (*getattr(module_class, '_tie_declarations', ()),
+                            (ties, collections)),
   })
   if key is not None:
     _TIED_CLASSES[key] = tied
