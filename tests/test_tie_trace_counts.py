@@ -132,3 +132,64 @@ def test_jit_call_sites_whose_views_differ_trace_apart(same_view):
   got = heads(JittedHead, views)().apply(variables, x)
   assert jnp.allclose(got, expected)
   assert len(CALLS) == (1 if same_view else 2)  # one trace per distinct trace
+
+
+class Mask(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return x @ self.variable('graph', 'mask', jnp.eye, 2).value
+
+
+class InnerTieBlock(nn.Module):
+  """Block 0 holds the mask; every other block ties its own to block 0's."""
+  idx: int
+
+  @nn.compact
+  def __call__(self, x):
+    CALLS.append(self.name)
+    mask = Mask if self.idx == 0 else nn.tie(
+        Mask, {'.': '/block_0/mask'}, collections='graph')
+    return nn.Dense(2, name='d')(mask(name='mask')(x))
+
+
+def inner_tie_encoder():
+  """Three call sites of one ``nn.jit`` class (one trace cache), as hoisted."""
+  jitted = nn.jit(InnerTieBlock)
+
+  class Encoder(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      for i in range(3):
+        x = jitted(i, name=f'block_{i}')(x)
+      return x
+
+  return Encoder()
+
+
+@pytest.mark.parametrize('init_first', [True, False],
+                         ids=['after_init', 'apply_only'])
+def test_jit_traces_every_call_site_of_a_class_that_met_an_inner_tie_twice(
+    init_first):
+  """docs/design.md said only the call sites holding such a tie traced twice.
+
+  With no init of the class in the process, the first apply meets the inner
+  tie; the count of ties met keys every later trace of the class, so the
+  second apply traces every call site once more, block_0 (no tie) included.
+  """
+  x = jnp.ones((1, 2))
+  variables = inner_tie_encoder().init(jax.random.key(0), x)
+  model = inner_tie_encoder()
+  if init_first:
+    model.init(jax.random.key(0), x)
+  traced = []
+  for _ in range(3):
+    CALLS.clear()
+    model.apply(variables, x)
+    traced.append(sorted(CALLS))
+  every_site = ['block_0', 'block_1', 'block_2']
+  if init_first:
+    assert traced == [every_site, [], []]
+  else:
+    assert traced == [every_site, every_site, []]
