@@ -274,7 +274,8 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
   declared = {id(t.raw or t): t.raw or t for t in ties}.values()
   by_target: dict[Path, Tie] = {}
   others = []  # more ties of a target in by_target: their chains must agree
-  for tie in sorted(declared, key=_order):
+  for tie in sorted(declared, key=lambda t: (t.target, t.source,
+                                           t.declared_at)):
     if is_within(tie.target, tie.source) or is_within(tie.source, tie.target):
       inner, outer = ((tie.target, tie.source) if len(tie.target)
                       > len(tie.source) else (tie.source, tie.target))
@@ -353,10 +354,6 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
       break
     resolved.update(implied)
   return tuple(resolved[t] for t in sorted(resolved))
-
-
-def _order(tie: Tie):
-  return tie.target, tie.source, tie.declared_at
 
 
 @dataclasses.dataclass(frozen=True)

@@ -169,12 +169,6 @@ def in_force(scope) -> InForce | None:
   return flags[TIES_FLAG] if TIES_FLAG in flags else None
 
 
-def ties_in_force(scope) -> tuple[Tie, ...]:
-  """The ties declared at ``scope`` and above, as declared."""
-  found = in_force(scope)
-  return found.declared if found is not None else ()
-
-
 def tie_at(scope, path: Path, col: str) -> Tie | None:
   """The resolved tie whose target is ``path`` in ``col``, or None."""
   found = in_force(scope)
@@ -925,7 +919,7 @@ def refuse_unknown_collection(scope, name: str):
   """
   path = scope.path + (name,)
   given = visible_collections(scope)
-  for tie in ties_in_force(scope):
+  for tie in scope.flags[TIES_FLAG].declared:
     names = named_collections(tie.collections)
     if not is_within(path, tie.target) or any(c in given for c in names):
       continue
