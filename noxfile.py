@@ -99,8 +99,8 @@ NEWEST_PROPERTY_EXAMPLES = '20'
 EDGE_DIFFERENTIAL_EXAMPLES = '4'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
-CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'clients', 'distributed', 'upstream', 'docs',
-               'screenshots']
+CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'newest', 'clients', 'distributed', 'upstream',
+               'docs', 'screenshots']
 
 nox.options.sessions = ['tests']
 # uv makes each session's environment in seconds (pip takes about a minute for
@@ -202,6 +202,9 @@ def matrix(session, flax):
       RELEASES[0], NEWEST) else {}
   if flax == NEWEST:
     env['TIE_PROPERTY_EXAMPLES'] = NEWEST_PROPERTY_EXAMPLES
+    # tests/conftest.py turns XLA's backend optimizations off for speed; the
+    # newest release runs the suite with them, as users compile.
+    env['TIEEXT_TEST_XLA_OPT'] = 'default'
   # Work stealing keeps both workers busy to the end: setup.cfg's loadscope
   # keeps a module on one worker, for the demo's module fixture, which runs
   # here on the newest release only (each worker that gets a demo test runs
@@ -260,6 +263,42 @@ def _node_id(junit_id, root):
     raise ValueError(f'{junit_id}: no test file for it under {root}')
   path = pathlib.Path(root, *parts[:module]).with_suffix('.py').resolve()
   return '::'.join([str(path), *parts[module:], name])
+
+
+# What `nox -s newest` runs on the newest Flax and JAX the registry serves:
+# the import under -W error, then the suites whose subject is the release.
+NEWEST_SESSION_TESTS = ('tests/test_patch.py', 'tests/test_transparency.py',
+                        'tests/test_transparency_static_argnums.py', 'tests/test_tie_lifting.py',
+                        'tests/test_tie_inside_transform.py', 'tests/test_static_argnames.py',
+                        'tests/test_static_argnames_compat.py', 'tests/test_nnx_remat.py',
+                        'tests/test_nnx_tree_tie.py', 'tests/upstream')
+
+
+@nox.session(python=PYTHONS[NEWEST])
+def newest(session):
+  """The newest Flax and JAX the registry serves now, unpinned: import, ties, static args, transparency.
+
+  A release is tested the first time CI runs after it ships, before PINS
+  names it. Fails saying the versions it saw.
+  """
+  _fresh_reports(session)
+  session.install('--upgrade', 'flax', 'jax', 'jaxlib', *_extra('test'), silent=True)
+  session.install('--no-deps', '-e', str(ROOT), silent=True)
+  seen = session.run(
+      'python', '-c', 'import flax, jax, jaxlib;'
+      ' print(f"flax {flax.__version__}, jax {jax.__version__}, jaxlib {jaxlib.__version__}")',
+      silent=True).strip()
+  pinned = 'flax {}, jax {}, jaxlib {}'.format(NEWEST, *PINS[NEWEST][:2])
+  session.log(f'newest: {seen} (the newest pins: {pinned})'
+              + ('' if seen == pinned else ': NOT YET IN PINS'))
+  try:
+    session.run('python', '-W', 'error', '-c', 'import flax_tieext, flax.linen',
+                env={'FLAX_TIEEXT_AUTOPATCH': '1'})
+    _pytest(session, 'newest', '--end-to-end', '--tb=short', '--dist', 'worksteal',
+            *(session.posargs or NEWEST_SESSION_TESTS))
+  except nox.command.CommandFailed:
+    session.error(f'newest: fails on {seen}, the newest releases the registry serves'
+                  f' (the matrix pins {pinned}): fix it, then add them to PINS')
 
 
 @nox.session(python=PYTHONS[NEWEST])
@@ -410,7 +449,7 @@ def ci(session):
   # The README test command, just run by .ci/run in the environment nox runs
   # from, is our suite patched on that environment's Flax, less the tests
   # marked end_to_end: where that is a release of the matrix with its pins,
-  # its matrix run adds the opted-out half only. The end_to_end tests run
+  # its matrix run adds the opted-out half and those end_to_end tests. The end_to_end tests run
   # here: the docs, the demo and the FLIP reproducers on the newest release,
   # the differential harness on the oldest and the newest, the two-process
   # jobs in the distributed session.
@@ -424,7 +463,11 @@ def ci(session):
   middle = ' or '.join((*MIDDLE_RELEASE_TESTS, 'installs_patch'))
   for name in CI_SESSIONS:
     if name == f'matrix({readme_release})':
-      posargs = ['-k', 'opted-out']
+      # The opted-out half, and the patched tests the README run leaves to
+      # --end-to-end (fresh interpreters, generated programs, the nesting
+      # grid), less those CI runs on the oldest and newest releases only.
+      posargs = ['-k', 'opted-out or (end_to_end and not (test_differential or'
+                 ' test_flip_reproducers))']
     elif name in inner:
       posargs = ['-k', f'(not opted-out or installs_patch) and ({middle})']
     elif name.startswith('matrix('):

@@ -29,18 +29,33 @@ A third, ``installs_patch``, keeps the copy and installs the patch for the
 test, as a user with ``FLAX_TIEEXT_AUTOPATCH=0`` calls ``flax_tieext.install()``
 to use ties (the tie regression tests of issue 16).
 
-Tests marked ``end_to_end`` run the docs' examples, the demo, generated
-programs or two-process jobs in fresh interpreters: a third of the suite's
-time, for checks of the whole rather than of the library. A plain ``pytest``
-leaves them out (and says so in its header) unless given ``--end-to-end`` or
-the test file by name; ``nox -s ci`` (so CI) runs them all.
+Tests marked ``end_to_end`` are the longer ones: fresh interpreters (the
+docs' examples, the demo, the patch installed at import, plain Flax against
+patched), generated programs, whole models trained, the deepest nestings of
+transforms, two-process jobs. Without them the README's test command takes
+under five CPU-minutes on two cores. A plain ``pytest`` leaves them out (and
+says so in its header) unless given ``--end-to-end`` or the test file by
+name; ``nox -s ci`` (so CI) runs them all.
 """
 
+import collections
+import os
 import pathlib
+import time
 
 import pytest
 
-import flax_tieext
+# XLA's backend optimizations (LLVM's passes) take about half of the suite's
+# CPU time on two cores and change nothing the suite checks: values, trees,
+# gradients and trace counts, and compiled costs compared within one run.
+# Set before JAX starts its backend; the interpreters tests start inherit
+# it. TIEEXT_TEST_XLA_OPT=default keeps XLA's default (the newest release's
+# matrix session in CI runs so; noxfile.py).
+if os.environ.get('TIEEXT_TEST_XLA_OPT', '0') != 'default':
+  os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
+      os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0')))
+
+import flax_tieext  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 OPTED_OUT = 'opted-out'
 
@@ -58,10 +73,103 @@ def pytest_addoption(parser):
   )
 
 
+# Areas of the suite, by test file name, for the progress lines
+# (first match wins).
+AREAS = (
+    ('ties', ('test_tie_', 'upstream/core_tie', 'upstream/linen_tie')),
+    ('static arguments', ('test_static_', 'upstream/')),
+    ('NNX', ('test_nnx_',)),
+    ('the patch and its transparency', ('test_patch', 'test_transparency',
+                                        'test_differential', 'test_testing_')),
+    ('multi-process', ('distributed/',)),
+)
+
+
+def area(nodeid: str) -> str:
+  """The area of the suite a test id belongs to (``AREAS``; else 'the rest')."""
+  path = nodeid.split('::')[0]
+  path = path[len('tests/'):] if path.startswith('tests/') else path
+  return next((name for name, prefixes in AREAS
+               if any(path.startswith(p) for p in prefixes)),
+              'docs, demo and repository')
+
+
+class Progress:
+  """Progress a person can read: per area of the suite, what is done.
+
+  Dots alone say nothing of what is running. Every ``EVERY`` seconds a line
+  gives the tests done per area, and each area, as it finishes, its counts.
+  Works with and without xdist (the controller sees every worker's reports).
+  """
+
+  EVERY = 30.0
+
+  def __init__(self, reporter):
+    self.reporter = reporter
+    self.start = self.said = time.monotonic()
+    self.total = collections.Counter()
+    self.done = collections.defaultdict(collections.Counter)
+    self.finished = set()
+
+  def _collected(self, nodeids):
+    if not self.total:
+      self.total.update(area(n) for n in nodeids)
+      self._say('to run: ' + self._areas(lambda name: self.total[name]))
+
+  def _areas(self, count):
+    return ', '.join(f'{name} {count(name)}' for name in sorted(self.total))
+
+  def _say(self, line):
+    self.said = time.monotonic()
+    minutes, seconds = divmod(int(self.said - self.start), 60)
+    # Past the dots of the line being written (ensure_newline knows only of
+    # lines that name a file, which -q and xdist do not write).
+    if getattr(getattr(self.reporter, '_tw', None), 'width_of_current_line', 0):
+      self.reporter.write('\n')
+    self.reporter.write_line(f'[{minutes}m{seconds:02d}s] {line}')
+
+  @pytest.hookimpl(optionalhook=True)
+  def pytest_xdist_node_collection_finished(self, node, ids):  # pylint: disable=unused-argument
+    self._collected(ids)
+
+  def pytest_collection_finish(self, session):
+    if not hasattr(session.config, 'workerinput'):
+      self._collected([item.nodeid for item in session.items])
+
+  def pytest_runtest_logreport(self, report):
+    name = area(report.nodeid)
+    if report.when == 'call' or report.when == 'setup' and not report.passed:
+      outcome = 'error' if report.when == 'setup' and report.failed else (
+          report.outcome)
+      if hasattr(report, 'wasxfail'):
+        outcome = 'xfailed' if report.skipped else 'xpassed'
+      self.done[name][outcome] += 1
+    elif report.when == 'teardown' and report.failed:
+      self.done[name]['error'] += 1
+    if report.when != 'teardown' or not self.total:
+      return
+    counts = self.done[name]
+    if name not in self.finished and sum(counts.values()) >= self.total[name]:
+      self.finished.add(name)
+      self._say(f'done: {name}: ' + ', '.join(
+          f'{n} {o}' for o, n in sorted(counts.items())))
+    elif time.monotonic() - self.said >= self.EVERY:
+      self._say('done so far: ' + self._areas(
+          lambda name: f'{sum(self.done[name].values())}/{self.total[name]}'))
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is made
+def pytest_configure(config):
+  reporter = config.pluginmanager.get_plugin('terminalreporter')
+  if reporter is not None and not hasattr(config, 'workerinput'):
+    config.pluginmanager.register(Progress(reporter), 'tieext-progress')
+
+
 def pytest_report_header(config):
   if not config.getoption('end_to_end'):
-    return ('end_to_end tests (docs examples, demo, differential, FLIP reproducers,'
-            ' two-process jobs) are left out unless named: pytest --end-to-end runs them')
+    return ('end_to_end tests (fresh interpreters, generated programs, whole models'
+            ' trained, deep nestings, two-process jobs) are left out unless named:'
+            ' pytest --end-to-end runs them')
 
 
 def pytest_generate_tests(metafunc):

@@ -136,6 +136,7 @@ def _albert():
   return model, config, {}, absent
 
 
+@pytest.mark.end_to_end  # trains whole models: left to --end-to-end and CI
 @pytest.mark.parametrize('example', [_t5, _albert], ids=['t5-graph', 'albert-params'])
 def test_tied_linen_model_trains_in_nnx_as_in_linen(example):
   linen_model, config, kwargs, absent = example()

@@ -54,6 +54,7 @@ def assert_close(a, b):
                a, b)
 
 
+@pytest.mark.end_to_end  # trains a whole model: left to --end-to-end and CI
 @pytest.mark.needs_patch  # the Linen encoder declares its ties with nn.tie
 def test_tied_linen_model_trains_in_nnx_tree_mode_as_in_linen():
   config = t5.T5Config(vocab_size=16, num_layers=2, d_model=16, num_heads=2,

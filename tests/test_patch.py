@@ -102,6 +102,7 @@ def _declare_a_tie():
   nn.tie(Pair, {'b': 'a'})().init(jax.random.key(0), jnp.ones((1, 2)))
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_scope_machinery_is_bound_at_the_first_tie_only():
   # A program that declares no tie runs Flax's own Scope methods but
@@ -159,6 +160,7 @@ def test_install_refuses_a_flax_it_cannot_patch(originals, monkeypatch):
   assert snapshot() == originals  # Flax untouched
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 def test_autopatch_warns_and_leaves_flax_untouched(originals, monkeypatch):
   monkeypatch.delenv(_patch.AUTOPATCH_ENV, raising=False)  # opted-out runs
   monkeypatch.setattr(_patch, 'missing_features',
@@ -175,6 +177,7 @@ def run_python(code, **env):
                         check=False)
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_opt_out_with_environment_variable():
   result = run_python("""
@@ -198,6 +201,7 @@ def test_each_copy_runs_in_its_patch_mode(request):
   assert (os.environ.get('FLAX_TIEEXT_AUTOPATCH') == '0') == (mode != 'patched')
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_import_warns_nothing_under_w_error():
   # Issue 45: on JAX 0.12.1 the import touched the deprecated
@@ -214,6 +218,7 @@ def test_import_warns_nothing_under_w_error():
   assert result.stdout.split() == ['True']
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_import_patches_by_default():
   result = run_python("""
@@ -226,6 +231,7 @@ def test_import_patches_by_default():
 
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_nnx_remat_is_patched_when_the_program_imports_flax_nnx():
   # import flax_tieext does not import flax.nnx (Linen users pay nothing for
@@ -257,6 +263,7 @@ def test_nnx_remat_is_patched_when_the_program_imports_flax_nnx():
   assert result.stdout.split() == ['True']
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_nnx_scan_wrapper_is_bound_once_and_uninstalled():
   # With NNX ties (tree mode), nnx.scan is wrapped to name a tied source it

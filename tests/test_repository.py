@@ -81,6 +81,7 @@ def test_readme_links_the_guides_right_after_the_commands():
     assert (ROOT / 'docs' / f'{page}.md').exists(), page
 
 
+@pytest.mark.end_to_end  # starts nox or pytest: left to --end-to-end and CI
 def test_every_nox_command_in_the_docs_names_a_session():
   # nox is in the `test` extra; the matrix's environments leave it out.
   pytest.importorskip('nox', reason='nox is not installed here')
@@ -97,6 +98,7 @@ def test_every_nox_command_in_the_docs_names_a_session():
           f'{page.name}: `nox -s {name}` is not a session: {sorted(sessions)}')
 
 
+@pytest.mark.end_to_end  # starts nox or pytest: left to --end-to-end and CI
 def test_a_session_whose_python_is_missing_fails_saying_how_to_get_it(tmp_path):
   pytest.importorskip('nox', reason='nox is not installed here')
   # The harness alone, where the newest release's Python cannot be found:
@@ -121,6 +123,7 @@ def test_a_session_whose_python_is_missing_fails_saying_how_to_get_it(tmp_path):
   assert f'Session matrix({flax}) aborted' in output, output  # nox's word for failed
 
 
+@pytest.mark.end_to_end  # starts nox or pytest: left to --end-to-end and CI
 def test_each_test_module_the_middle_releases_run_exists():
   """A misspelt entry of MIDDLE_RELEASE_TESTS would silently select nothing in CI."""
   modules = [str(p.relative_to(ROOT)) for p in (ROOT / 'tests').rglob('test_*.py')]
@@ -138,6 +141,7 @@ def _collected(*args):
   return set(re.findall(r'<Module (\S+)>', result.stdout)), result.stdout
 
 
+@pytest.mark.end_to_end  # starts nox or pytest: left to --end-to-end and CI
 def test_a_plain_run_leaves_out_the_end_to_end_tests_saying_so():
   # tests/distributed: the launcher's tests, and two-process jobs (end_to_end).
   plain, output = _collected('tests/distributed')

@@ -23,7 +23,7 @@ import textwrap
 import pytest
 
 # Each test runs pytest in a fresh interpreter with FLAX_TIEEXT_AUTOPATCH=0.
-pytestmark = pytest.mark.own_patch_mode
+pytestmark = [pytest.mark.own_patch_mode, pytest.mark.end_to_end]
 
 
 def _pytest(tmp_path, *args):

@@ -181,8 +181,16 @@ def assert_trees_close(a, b):
       functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
 
 
+# Compositions with nn.jit, and nn.cond, compile the most: the quick run
+# keeps nn.jit alone, and these run with --end-to-end and in CI (with the
+# deeper nestings of tests/test_tie_nesting.py).
+LONG_WRAPS = ('nn.jit of nn.remat', 'nn.remat of nn.jit', 'nn.cond')
+
+
 @pytest.mark.parametrize('col', ['graph', 'params'])
-@pytest.mark.parametrize('wrap', list(WRAPS))
+@pytest.mark.parametrize('wrap', [
+    pytest.param(w, marks=pytest.mark.end_to_end if w in LONG_WRAPS else ())
+    for w in WRAPS])
 def test_tie_inside_the_transform_equals_one_shared_instance(wrap, col):
   tied, reference = encoders(*WRAPS[wrap][:1], col, WRAPS[wrap][1])
   variables = tied.init(jax.random.key(0), X)

@@ -174,7 +174,10 @@ def cases():
         continue  # a mapped block scans its own params: nothing to share
       for source_first in (True, False):
         order = 'source first' if source_first else 'target first'
-        yield pytest.param(stack, col, source_first,
+        # The quick run keeps the reported hang (three nn.remat); the
+        # rest of the grid runs with --end-to-end and in CI.
+        marks = () if stack == STACKS[0] else pytest.mark.end_to_end
+        yield pytest.param(stack, col, source_first, marks=marks,
                            id=f'{"-".join(stack)}-{col}-{order}')
 
 

@@ -65,7 +65,7 @@ from tie_models import assert_trees
 import flax_tieext  # noqa: F401
 
 # nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
-pytestmark = pytest.mark.needs_patch
+pytestmark = [pytest.mark.needs_patch, pytest.mark.end_to_end]
 
 D = 3
 N = 2  # steps of a stack

@@ -107,6 +107,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_eager_remat_keeps_no_more_alive_than_plain_flax():
   plain, patched = run_python(EAGER_REMAT, 'plain'), run_python(EAGER_REMAT, 'patched')
@@ -418,6 +419,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.end_to_end  # a fresh interpreter: left to --end-to-end and CI
 @pytest.mark.own_patch_mode
 def test_an_untied_model_makes_the_python_calls_plain_flax_makes():
   code = CALLS.format(sizes=(8, 32))

@@ -39,7 +39,7 @@ import pytest
 
 from flax_tieext import _compat
 
-pytestmark = pytest.mark.own_patch_mode
+pytestmark = [pytest.mark.own_patch_mode, pytest.mark.end_to_end]
 
 PRELUDE = '''
 import gc, json, sys
@@ -251,6 +251,39 @@ CASES = {
        for mode, flags in (('', ''),
                            ('_no_graph_updates', ', graph_updates=False'),
                            ('_tree_mode', ', graph=False'))},
+    # The same on the Linen entry points, which trace at every call on
+    # plain Flax (each call makes its remat anew) and close over static
+    # values under the patch.
+    **{f'{entry}_mutated_static_list': (
+        'traces = []\n'
+        'class MW(nn.Module):\n'
+        '  @nn.compact\n'
+        '  def __call__(self, x, w):\n'
+        '    traces.append(1)\n'
+        '    return nn.Dense(2)(x) * w[0]\n'
+        f'r = {make}\n'
+        'w = [1.0]\n'
+        'v = r().init(key, x, w); traces.clear()',
+        'a = r().apply(v, x, w)\n'
+        'w[0] = 100.0\n'
+        'b = r().apply(v, x, w)\n'
+        'out = {"traces": len(traces), "out": summary([a, b])}')
+       for entry, make in (
+           ('remat', 'nn.remat(MW, static_argnums=(2,))'),
+           ('partitioning', 'nn.partitioning.remat(MW, static_argnums=(1,))'),
+           ('checkpoint_negative', 'nn.checkpoint(MW, static_argnums=-1)'))},
+    'lift_mutated_static_list': (
+        'traces = []\n'
+        'def fw(scope, x, w):\n'
+        '  traces.append(1)\n'
+        '  return x @ scope.param("w", lambda k: jnp.ones((3, 2))) * w[0]\n'
+        'r = lift.checkpoint(fw, static_argnums=-1)\n'
+        'w = [1.0]\n'
+        'v = flax.core.init(r)(key, x, w)[1]; traces.clear()',
+        'a = flax.core.apply(r)(v, x, w)\n'
+        'w[0] = 100.0\n'
+        'b = flax.core.apply(r)(v, x, w)\n'
+        'out = {"traces": len(traces), "out": summary([a, b])}'),
 }
 
 MODES = ('plain', 'patched', 'uninstalled', 'late')
