@@ -202,9 +202,6 @@ def matrix(session, flax):
       RELEASES[0], NEWEST) else {}
   if flax == NEWEST:
     env['TIE_PROPERTY_EXAMPLES'] = NEWEST_PROPERTY_EXAMPLES
-    # tests/conftest.py turns XLA's backend optimizations off for speed; the
-    # newest release runs the suite with them, as users compile.
-    env['TIEEXT_TEST_XLA_OPT'] = 'default'
   # Work stealing keeps both workers busy to the end: setup.cfg's loadscope
   # keeps a module on one worker, for the demo's module fixture, which runs
   # here on the newest release only (each worker that gets a demo test runs
@@ -294,8 +291,10 @@ def newest(session):
   try:
     session.run('python', '-W', 'error', '-c', 'import flax_tieext, flax.linen',
                 env={'FLAX_TIEEXT_AUTOPATCH': '1'})
+    # With XLA's backend optimizations, as users compile (tests/conftest.py
+    # turns them off everywhere else, for speed).
     _pytest(session, 'newest', '--end-to-end', '--tb=short', '--dist', 'worksteal',
-            *(session.posargs or NEWEST_SESSION_TESTS))
+            *(session.posargs or NEWEST_SESSION_TESTS), env={'TIEEXT_TEST_XLA_OPT': 'default'})
   except nox.command.CommandFailed:
     session.error(f'newest: fails on {seen}, the newest releases the registry serves'
                   f' (the matrix pins {pinned}): fix it, then add them to PINS')

@@ -49,8 +49,8 @@ import pytest
 # CPU time on two cores and change nothing the suite checks: values, trees,
 # gradients and trace counts, and compiled costs compared within one run.
 # Set before JAX starts its backend; the interpreters tests start inherit
-# it. TIEEXT_TEST_XLA_OPT=default keeps XLA's default (the newest release's
-# matrix session in CI runs so; noxfile.py).
+# it. TIEEXT_TEST_XLA_OPT=default keeps XLA's default (`nox -s newest` runs
+# the tie, static-argument and transparency suites so; noxfile.py).
 if os.environ.get('TIEEXT_TEST_XLA_OPT', '0') != 'default':
   os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
       os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0')))
