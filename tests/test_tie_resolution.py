@@ -164,6 +164,7 @@ def test_a_cycle_over_stacked_declarations_is_named(ties):
   message = error(stacked(*ties)())
   assert 'form a cycle' in message
   assert '/a -> /b -> /a' in message
+  assert "{'a': 'b'}" in message and "{'b': 'a'}" in message
 
 
 @needs_patch
@@ -175,6 +176,9 @@ def test_one_target_with_two_sources_names_target_and_both(ties):
   message = error(stacked(*ties)())
   assert message.startswith('/c is given two sources: /a (')
   assert ') and /b (' in message
+  # Both declarations are named: each alone is valid, their union is not.
+  assert "checked as their union: {'c': " in message
+  assert "{'c': 'a'}" in message and "{'c': 'b'}" in message
 
 
 @installs_patch
@@ -355,6 +359,43 @@ def test_stacked_declarations_are_their_union_in_one_mapping(case):
   assert_reads(model, root_reads(tied))
   for keys in itertools.permutations(union):
     assert_like_one_mapping(model, nn.tie(Root, {k: union[k] for k in keys})())
+
+
+def core_root(scope, x):
+  """``Root`` as a scope function: a stacked ``lift.tie`` ties its paths."""
+  def dense(scope, x):
+    d = x.shape[-1]
+    kernel = scope.param('kernel', nn.initializers.lecun_normal(), (d, d))
+    return x @ kernel + scope.param('bias', nn.initializers.normal(), (d,))
+
+  def wrap(scope, x):
+    return scope.child(dense, 'q')(scope.child(dense, 'p')(x))
+
+  for name in 'abcd':
+    x = scope.child(wrap, name)(x)
+  return x
+
+
+@needs_patch
+@pytest.mark.parametrize('case', list(UNION_CASES))
+@pytest.mark.parametrize('order', ['as_listed', 'reversed'])
+def test_stacked_lift_ties_are_their_union_in_one_mapping(case, order):
+  from flax.core import apply as core_apply  # pylint: disable=g-import-not-at-top
+  from flax.core import init as core_init  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import lift  # pylint: disable=g-import-not-at-top
+  declarations, _, _ = UNION_CASES[case]
+  union = {k: v for d in declarations for k, v in d.items()}
+  fn = core_root
+  for ties in (declarations if order == 'as_listed' else declarations[::-1]):
+    fn = lift.tie(fn, ties)
+  one = lift.tie(core_root, union)
+  key, x = jax.random.key(0), tie_models.X
+  y, variables = core_init(fn)(key, x)
+  y_one, v_one = core_init(one)(key, x)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, variables, v_one)
+  np.testing.assert_array_equal(y, y_one)
+  np.testing.assert_array_equal(core_apply(fn)(variables, x),
+                                core_apply(one)(v_one, x))
 
 
 @needs_patch

@@ -239,13 +239,16 @@ def tie(
       names) or a target that does not match its source.
   """
   ties = dict(tie_spec.given(ties, 'lift.tie'))  # checked before any use
+  # lift.tie of a lift.tie declares both at once, as their union.
+  fn, stacked = getattr(fn, '_tie_declarations', (fn, ()))
 
   def wrapper(scope_tree, *args, **kwargs):
     declaring = jax.tree_util.tree_leaves(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))[-1]
-    declared = ties_lib.declare(declaring, ties, collections)
+    declared = ties_lib.declare(declaring, ties, collections, stacked)
     y = fn(scope_tree, *args, **kwargs)
     ties_lib.check_init(declaring, declared)
     return y
 
+  wrapper._tie_declarations = (fn, (*stacked, (ties, collections)))
   return wrapper

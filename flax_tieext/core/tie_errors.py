@@ -177,13 +177,23 @@ def _where(ties) -> str:
   return ' declared at ' + ' and '.join(text(p) for p in places)
 
 
+def _declarations(ties) -> str:
+  """The mappings ``ties`` come from, where they are more than one."""
+  found = {t.declared_in: None for t in ties if t.declared_in}
+  if len(found) < 2:
+    return ''
+  return (' The ties come from declarations in force together, checked as'
+          ' their union: '
+          + ' and '.join(repr(dict(d)) for d in found) + '.')
+
+
 def cycle(ties, paths: Sequence[Path]) -> TieError:
   """The chain of ties from a target comes back to a path it passed."""
   return TieError(
       f'The ties{_where(ties)} form a cycle: '
       + ' -> '.join(ties[0].text(p) for p in paths)
       + '. Every chain of ties must end at a stored path: pick one of them as'
-      ' the source and tie the others to it.')
+      ' the source and tie the others to it.' + _declarations(ties))
 
 
 def two_sources(target: Path, first, second) -> TieError:
@@ -196,7 +206,8 @@ def two_sources(target: Path, first, second) -> TieError:
   return TieError(
       f'{first[1].text(target)} is given two sources: {how(*first)} and'
       f' {how(*second)}. A target has one source, whatever the order in which'
-      ' the ties are written or declared.\n\nOptions:\n'
+      ' the ties are written or declared.'
+      + _declarations([first[1], second[1]]) + '\n\nOptions:\n'
       '  1. Keep one of the two ties.\n'
       '  2. Tie the sources to each other first, so that both chains end at'
       ' one stored path.')

@@ -63,6 +63,9 @@ class Tie:
   # implied by), which :func:`compose` composes again with other ties.
   raw: Tie | None = dataclasses.field(default=None, repr=False)
   sep: str = '/'  # how the user writes its paths: '/' (Linen) or '.' (NNX)
+  # The mapping the tie was declared in (``given``'s items), named where a
+  # union of declarations is invalid. No part of the tie's meaning.
+  declared_in: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
   def text(self, path: Path) -> str:
     return text(path, self.sep)
@@ -234,7 +237,8 @@ def _normalized(items, collections, declared_at: Path,
       raise tie_errors.self_tie(target_text, spec, declared_at, target, sep)
     raw[target] = (source, view, target_text)
   return tuple(
-      Tie(target, source, col_filter, view, tuple(declared_at), sep=sep)
+      Tie(target, source, col_filter, view, tuple(declared_at), sep=sep,
+          declared_in=items)
       for target, (source, view, _) in raw.items())
 
 
