@@ -603,3 +603,44 @@ def test_target_in_scan_cannot_initialize_a_source_outside_it():
   assert 'cannot land' in message and 'scan' in message
   assert '/stack/leaf' in message and '/src' in message
   assert 'read-only (broadcast)' in message
+
+
+class _ReadsMask(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return x @ self.variable('graph', 'mask', lambda: jnp.eye(x.shape[-1])).value
+
+
+class _JittedReaders(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      x = nn.jit(_ReadsMask)(name=f'a{i}')(x)
+    return x
+
+
+@installs_patch
+@pytest.mark.parametrize('ties', [{'a1': 'a0', 'a2': 'a0'},
+                                  {'a1/mask': 'a0/mask'}, {'a2': 'a1'}],
+                         ids=['modules', 'variable', 'middle'])
+def test_a_second_init_replaying_nn_jit_traces_stores_what_the_first_did(ties):
+  """``graph`` targets inside ``nn.jit`` that only read: the trace is replayed.
+
+  The second ``init`` in the process reuses the jitted traces of the first
+  (no Python runs inside them); the end-of-init checks still find every tie
+  used, and store what the first stored, as one shared module would.
+  """
+  tied = nn.tie(_JittedReaders, ties, collections='graph')()
+  first = tied.init(jax.random.key(0), X)
+  second = tied.init(jax.random.key(1), X)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, first, second)
+  def source(name):  # the module whose mask ``name`` reads
+    return ties.get(name) or ties.get(f'{name}/mask', name).split('/')[0]
+
+  assert set(first['graph']) == {n for n in ('a0', 'a1', 'a2')
+                                 if source(n) == n}
+  by_hand = {n: first['graph'][source(n)] for n in ('a0', 'a1', 'a2')}
+  assert_close(tied.apply(second, X),
+               _JittedReaders().apply({'graph': by_hand}, X))
