@@ -64,7 +64,6 @@ from flax_tieext.core import _static_args
 from flax_tieext.core import lift
 from flax_tieext.core import tie_convert
 from flax_tieext.core import tie_lift
-from flax_tieext.core import tie_vars
 from flax_tieext.core import ties
 from flax_tieext.linen import transforms
 
@@ -358,7 +357,7 @@ def _scope_variables(variables):
   def tied_variables(self):
     found = variables(self)
     if ties.TIES_FLAG in self.flags:
-      found = tie_vars.tied_variables(self, found)
+      found = ties.tied_variables(self, found)
     return found
   return tied_variables
 

@@ -22,8 +22,9 @@ computed once per collection and looked up by path. One policy
 (:func:`route`) decides what Flax sees at a target, for module ties
 (``Scope._collection`` / ``_mutable_collection`` call :func:`collection`,
 which gives a target scope its source's collection) and single tied
-variables (:class:`TiedNames`) alike. ``Scope.push`` calls :func:`share_rngs`
-and ``Scope.param`` :func:`check_param`.
+variables (:class:`TiedNames`) alike. ``Scope.push`` calls :func:`share_rngs`,
+``Scope.param`` :func:`check_param` and ``Scope.variables``
+:func:`tied_variables`.
 During ``init`` a ``params`` target works on a copy that starts as its
 source's variables, checked and dropped when the declaring call returns
 (:func:`check_init`); where a target ran first with other values than its
@@ -795,6 +796,23 @@ def collection(scope, col: str, write: bool = False):
   if isinstance(node, TiedNames):  # its source's, whose tied names are ours
     node = node.own
   return TiedNames(scope, col, node, named)
+
+
+def tied_variables(scope, variables):
+  """``Scope.variables()`` of ``scope``: its own dicts, with its tied names in.
+
+  A tie of one variable (``"head/kernel"``) leaves the module its own
+  collection, in which that one name reads and writes the source variable
+  (:class:`TiedNames`). ``Scope.variables`` copies a scope's own dicts and
+  passes them here; a name a variable tie targets is shown as its view gives
+  it. A ``FrozenDict`` gives one.
+  """
+  views = {col: scope._collection(col) for col in variables}
+  if not any(isinstance(v, TiedNames) for v in views.values()):
+    return variables
+  out = {col: dict(v) if isinstance(v, TiedNames) else variables[col]
+         for col, v in views.items()}
+  return freeze(out) if isinstance(variables, FrozenDict) else out
 
 
 def share_rngs(scope):
