@@ -26,7 +26,6 @@ when a tie source lies outside it, never a guess.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -198,18 +197,19 @@ def _borrowed(scope) -> set[str]:
   return found
 
 
-def _link(outer_scopes, inner_scopes, name, tie_sources, kinds, at=None):
-  """Records on each inner root what it stands for (``ties.LINK``)."""
-  siblings = tuple(inner_scopes)
-  crossing = tie_sources or TieSources()
-  for outer, inner, (rngs_only, closure) in zip(outer_scopes, inner_scopes,
-                                                kinds):
+def _link(outer_scopes, inner_scopes, name, packed, kinds):
+  """Records on each inner root what it stands for, as ``ties.linked`` does.
+
+  The tie sources packed are inner roots too (``kinds``: lifted for their
+  rngs only, holding closed-over values); an inner root whose outer scope
+  holds closed-over values holds them too, read-only.
+  """
+  roots = tuple(inner_scopes)
+  for outer, inner, (rngs_only, closure) in zip(outer_scopes, roots, kinds):
     lift = _lift(outer)
     closure = closure or (lift.closure if lift else None)
     inner.flags = outer.flags  # (without_borrowed packs a copy without ties)
-    inner.__dict__[LINK] = _Lift(
-        outer, siblings, str(name), crossing.maps, crossing.caches_trace,
-        rngs_only, closure, at)
+    inner.__dict__[LINK] = (outer, roots, name, packed, rngs_only, closure)
     if closure:
       inner.mutable = False
 
@@ -219,13 +219,6 @@ def _counters_now(counters):
   if isinstance(counters, InitCounters):
     return counters.snapshot()
   return dict(counters)
-
-
-def _draws_copy(scope) -> bool:
-  """Whether ``scope`` is a target initializing a copy from its source's rngs."""
-  found = in_force(scope)
-  return (found is not None and found.log is not None  # initializing
-          and found.forms['params'].at.get(scope.path) is not None)
 
 
 class Packed:
@@ -241,13 +234,13 @@ class Packed:
   transform's sight.
   """
 
-  def __init__(self, scopes, treedef, name, tie_sources, at=None, met=None):
+  def __init__(self, scopes, treedef, name, tie_sources, met=None):
     self.treedef = treedef
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):
         scope._collection(col)
     # Ties met inside at an earlier trace count as ties in force here.
-    met_here = met.ties.get(at[1], {}) if met else {}
+    met_here = met.ties.get(tuple(s.path for s in scopes), {}) if met else {}
     inside = [_ties_inside(s) + [(t, c) for t, c in met_here
                                  if is_within(t.target, s.path)]
               for s in scopes]
@@ -260,14 +253,13 @@ class Packed:
     self.reals = scopes + [e.real for e in extra]
     self.kinds = [(False, None)] * len(scopes) + [
         (e.rngs_only, e.closure) for e in extra]
-    self.name, self.tie_sources = name, tie_sources
+    self.name, self.outer = name, scopes
     # A transform that reuses its trace keys it on the variables' tree: the
     # ties inside, views included, are part of what the trace computes.
     self.key = (met and met.generation, *(
         tuple((tie.target[len(s.path):], col, tie.view) for tie, col in ties)
         for s, ties in zip(scopes, inside)
     )) if tie_sources is not None and tie_sources.caches_trace else None
-    self.site = at
 
   def keyed(self, variable_groups):
     """``variable_groups``, keyed by the ties inside where the trace is reused."""
@@ -282,15 +274,19 @@ class Packed:
     # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
-    counters = [_counters_now(s.rng_counters) if _draws_copy(s) else None
-                for s in reals]
+    counters = []
+    for s in reals:
+      found = in_force(s)
+      counters.append(_counters_now(s.rng_counters) if found is not None
+                      and found.log is not None  # initializing
+                      and s.path in found.forms['params'].at else None)
     calls = []
 
     def tied_scope_fn(variable_groups, *args, **kwargs):
       if isinstance(variable_groups, _Keyed):
         variable_groups = variable_groups.groups
       inner = scope_fn(variable_groups, *args, **kwargs)
-      _link(reals, inner, self.name, self.tie_sources, self.kinds, self.site)
+      _link(reals, inner, self.name, self.outer, self.kinds)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = _counters_now(start)
@@ -342,6 +338,4 @@ def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
   met = name.met if isinstance(name, PackSite) else None
   if met is None and not any(TIES_FLAG in s.flags for s in scopes):
     return None
-  at = ((name, tuple(s.path for s in scopes)) if isinstance(name, PackSite)
-        else None)
-  return Packed(scopes, treedef, name, tie_sources, at, met)
+  return Packed(scopes, treedef, name, tie_sources, met)

@@ -66,8 +66,11 @@ from flax_tieext.core.tie_spec import (
 # pylint: disable=protected-access
 
 TIES_FLAG = '__ties__'
-# On an inner root of a lifted transform: what it stands for (a Lift, or what
-# makes one), recorded by ``pack`` when it makes the root (:func:`linked`).
+# On an inner root of a lifted transform: what it stands for, recorded by
+# ``pack`` when it makes the root (:func:`linked`, or ``tie_lift`` where ties
+# are in force): ``(outer scope, inner roots, pack's name, outer scopes packed,
+# lifted for its rngs only, Lift of the closed-over values it holds)``, made
+# into a :class:`Lift` when a tie asks (:func:`lift_record`).
 LINK = '_tie_link'
 
 
@@ -111,9 +114,9 @@ BY_PACK_NAME = {
 class Lift:
   """What an inner root scope of a lifted transform stands for.
 
-  Recorded on the inner root when ``pack`` makes it (:func:`linked`, or
-  ``tie_lift`` where a tie was in force), as Flax records ``parent`` on a
-  child: one reference per root, no search afterwards.
+  Recorded on the inner root when ``pack`` makes it (:func:`lift_record`), as
+  Flax records ``parent`` on a child: one reference per root, no search
+  afterwards.
   """
 
   outer: Any  # the outer scope
@@ -159,7 +162,7 @@ def linked(scope_fn, scope_tree, name):
         roots += (i,)
     for o, i in zip(outer, inner):  # pack makes one inner scope per leaf
       if i.parent is None:
-        i.__dict__[LINK] = (o, roots, name, outer)
+        i.__dict__[LINK] = (o, roots, name, outer, False, None)
     return inner_tree
 
   return linking_scope_fn
@@ -216,13 +219,13 @@ def lift_record(scope) -> Lift | None:
   """What the root of ``scope`` stands for in a lifted transform, or None."""
   root = scope.root
   found = root.__dict__.get(LINK)
-  if type(found) is tuple:  # recorded by linked(): made into a Lift once
-    outer, roots, name, packed = found
+  if type(found) is tuple:  # recorded by pack (see LINK): made into a Lift once
+    outer, roots, name, packed, rngs_only, closure = found
     sources = BY_PACK_NAME.get(name)
-    caches = sources is None or sources.caches_trace
     found = root.__dict__[LINK] = Lift(
         outer, roots, str(name), sources is not None and sources.maps,
-        caches, False, None, (name, tuple(s.path for s in packed))
+        sources is None or sources.caches_trace, rngs_only, closure,
+        (name, tuple(s.path for s in packed))
         if isinstance(name, PackSite) else None)
   return found
 
