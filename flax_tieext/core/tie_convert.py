@@ -330,12 +330,6 @@ def _broadcast(layers: int, sharding):
                  out_shardings=sharding)
 
 
-def _shape_dtype(x):
-  """Shape and dtype of a leaf, read from its metadata (never its values)."""
-  dtype = x.dtype if hasattr(x, 'dtype') else np.result_type(x)
-  return tuple(np.shape(x)), np.dtype(dtype)
-
-
 def _leaf_pairs(target, expected):
   """``[(path, target leaf, expected leaf)]`` of two trees of one structure."""
   flat = jax.tree_util.tree_flatten_with_path(target, is_leaf=tie_spec.is_box)[0]
@@ -364,7 +358,7 @@ def _check_like(tie, col: str, target, expected, stack=None):
       raise tie_errors.not_equal(tie, col, f'the partitioning names of {leaf}'
                                  f' differ ({x_names} vs {y_names}).')
     (x_shape, x_dtype), (y_shape, y_dtype) = (
-        _shape_dtype(tie_spec.unbox(x)), _shape_dtype(tie_spec.unbox(y)))
+        tie_spec.shape_dtype(tie_spec.unbox(x)), tie_spec.shape_dtype(tie_spec.unbox(y)))
     wanted = y_shape if stack is None else (stack[1], *y_shape)
     if x_shape != wanted or x_dtype != y_dtype:
       hint = ''
@@ -534,7 +528,7 @@ def _merged(merge, col: str, source: tuple[str, ...], value, copies):
   merge_fn = functools.partial(_merge_fn, merge, tuple(s for _, s in copies))
   arrays = [c for c, _ in copies]
   result = jax.eval_shape(merge_fn, value, arrays)
-  wanted = _shape_dtype(value)
+  wanted = tie_spec.shape_dtype(value)
   got = (result.shape, result.dtype) if isinstance(
       result, jax.ShapeDtypeStruct) else None
   if got is None or (tuple(got[0]), np.dtype(got[1])) != wanted:

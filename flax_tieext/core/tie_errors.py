@@ -203,14 +203,14 @@ def two_sources(target: Path, first, second) -> TieError:
       return f'{tie.text(source)} (the {tie.describe()})'
     return (f'{tie.text(source)} (through the {tie.describe()}, of its'
             f' ancestor {tie.text(tie.target)})')
-  return TieError(
+  return tie_error(
       f'{first[1].text(target)} is given two sources: {how(*first)} and'
       f' {how(*second)}. A target has one source, whatever the order in which'
       ' the ties are written or declared.'
-      + _declarations([first[1], second[1]]) + '\n\nOptions:\n'
-      '  1. Keep one of the two ties.\n'
-      '  2. Tie the sources to each other first, so that both chains end at'
-      ' one stored path.')
+      + _declarations([first[1], second[1]]),
+      'Keep one of the two ties.',
+      'Tie the sources to each other first, so that both chains end at one'
+      ' stored path.')
 
 
 def ancestor(tie, inner: Path, outer: Path) -> TieError:
@@ -355,11 +355,6 @@ def unsupported_transform(tie, name: str, where: str) -> TieError:
 # ---------------------------------------------------------------------------
 
 
-def near(path: Path, base: Path, holders, tree) -> str:
-  """What exists near ``path``: a collection holding it, or names in ``tree``."""
-  return held_in(path, holders) or nearest(tree, path[len(base):], base)
-
-
 def held_in(path: Path, holders) -> str:
   """Names a collection that holds ``path``, if any."""
   return holders and (
@@ -471,15 +466,15 @@ def bad_stack_count(path: str, layers) -> TieError:
 
 def unnamed_stack(tie, col: str, stack: Path, n: int) -> TieError:
   """A target below stacked variables would be written unstacked."""
-  return TieError(
+  return tie_error(
       f'Cannot untie {tie.text(tie.target)}{_in(col)}: it lies inside'
       f' {tie.text(stack)}, whose every variable has a leading axis of {n}'
       f' that its source {tie.text(tie.source)} lacks, as in a stack of {n}'
       f' layers ({"nn.scan / nn.vmap" if tie.sep == "/" else "nnx.vmap"}).'
-      ' Written unstacked, it would not load into the untied model.\n\n'
-      f'Options:\n  1. Name the stack: stacks={{{tie.sep.join(stack)!r}: {n}}}'
-      ' (one copy of the source per layer).\n'
-      '  2. If it is not a stack, say so: stacks={}.')
+      ' Written unstacked, it would not load into the untied model.',
+      f'Name the stack: stacks={{{tie.sep.join(stack)!r}: {n}}} (one copy of'
+      ' the source per layer).',
+      'If it is not a stack, say so: stacks={}.')
 
 
 def not_equal(tie, col: str, how: str) -> TieError:

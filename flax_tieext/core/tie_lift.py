@@ -67,12 +67,13 @@ class Lifted(NamedTuple):
 
 
 def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
-                   inside=None, met=()) -> list[Lifted]:
+                   inside, met) -> list[Lifted]:
   """Each tie source to lift (:class:`Lifted`).
 
-  For a target inside ``scopes`` whose source lies outside all of them, as
-  the transform declares (``tie_sources``): the source's scope (a
-  variable's module) with its variables, or with its rngs only, or nothing.
+  For a target inside ``scopes`` (``inside``: each one's, :func:`_ties_inside`)
+  whose source lies outside all of them, as the transform declares
+  (``tie_sources``): the source's scope (a variable's module) with its
+  variables, or with its rngs only, or nothing.
   A source seen here only as a closed-over value is lifted as one, read-only,
   as is the source of a tie declared inside the transform (``met``: it reads
   its source as a closed-over value wherever it was declared).
@@ -81,7 +82,7 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
   """
   crossing = tie_sources
   extra, paths = [], set()
-  for scope, ties in zip(scopes, inside or [_ties_inside(s) for s in scopes]):
+  for scope, ties in zip(scopes, inside):
     if crossing is not None and _carries_its_source(scope, ties, crossing):
       continue
     for tie, col in ties:
@@ -161,7 +162,7 @@ def _detached(scope, variables):
   return new
 
 
-def without_borrowed(scope, lifted, inside=None):
+def without_borrowed(scope, lifted, inside):
   """``(scope as pack lifts it, collections left out)``.
 
   A lifted scope that is itself a target carries its source's collections
@@ -170,8 +171,7 @@ def without_borrowed(scope, lifted, inside=None):
   reaches the inner source, and lifting the collections twice would fork
   them.
   """
-  sources = [t.source for t, _ in (_ties_inside(scope) if inside is None
-                                   else inside) if t.target == scope.path]
+  sources = [t.source for t, _ in inside if t.target == scope.path]
   if not [s for s in lifted for p in sources if is_within(p, s.path)]:
     return scope, ()
   scope._populate_collections()

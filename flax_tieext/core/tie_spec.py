@@ -288,13 +288,7 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
     if (known.source, known.view) != (tie.source, tie.view):
       others.append(tie)
 
-  def owner(path: Path) -> Tie | None:
-    """The tie whose target is the longest prefix of ``path``."""
-    for end in range(len(path), 0, -1):
-      found = by_target.get(path[:end])
-      if found is not None:
-        return found
-    return None
+  owner = Form(tuple(by_target.values())).covering  # (the longest prefix)
 
   def follow(tie: Tie, under: Path = ()):
     """``(final path, view)`` of ``tie.target + under``, through ``tie``."""
@@ -341,10 +335,7 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
 
   # A target holds the tied paths of its source tied alike.
   for _ in range(len(resolved) + 1):
-    below: dict[Path, list[Tie]] = {}
-    for tie in resolved.values():
-      for end in range(len(tie.target)):
-        below.setdefault(tie.target[:end], []).append(tie)
+    below = Form(tuple(resolved.values())).below
     implied = {}
     for tie in resolved.values():
       for inner in below.get(tie.source, ()):
@@ -498,12 +489,16 @@ def flatten(tree, prefix=()) -> list[tuple[Path, Any]]:
   return out
 
 
+def shape_dtype(x) -> tuple[tuple[int, ...], np.dtype]:
+  """Shape and dtype of a leaf, read from its metadata (never its values)."""
+  dtype = x.dtype if hasattr(x, 'dtype') else np.result_type(x)
+  return tuple(np.shape(x)), np.dtype(dtype)
+
+
 def check_like(tie: Tie, col: str, existing, value):
   """Raises unless ``value`` has the shapes and dtypes of ``existing``."""
   def specs(tree):
-    return [(tuple(np.shape(x)), np.dtype(getattr(x, 'dtype', None)
-                                          or np.result_type(x)))
-            for x in jax.tree_util.tree_leaves(meta.unbox(tree))]
+    return list(map(shape_dtype, jax.tree_util.tree_leaves(meta.unbox(tree))))
   if specs(existing) != specs(value):
     shapes = lambda t: ', '.join(f'{s}:{d}' for s, d in specs(t))
     raise tie_errors.unlike(tie, col, shapes(existing), shapes(value))

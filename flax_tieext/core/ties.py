@@ -45,7 +45,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from flax.core import meta
 from flax.core.frozen_dict import FrozenDict, freeze
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
@@ -60,6 +59,8 @@ from flax_tieext.core.tie_spec import (
     flatten,
     is_within,
     named_collections,
+    unbox,
+    walk,
 )
 
 # Scope's privates are this module's to use, as lift.py uses them.
@@ -303,17 +304,8 @@ def reach(scope, path: Path, rngs: bool = False):
 def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
   base, _ = locate(scope, path)
-  return base and _read(base.root, path, col)
-
-
-def _read(root, path: Path, col: str):
-  """What ``root`` stores at ``path`` (at or below it) in ``col``, or None."""
-  node = root._variables.get(col)
-  for name in path[len(root.path):]:
-    if not isinstance(node, Mapping) or name not in node:
-      return None
-    node = node[name]
-  return node
+  return base and walk(base.root._variables.get(col),
+                       path[len(base.root.path):])
 
 
 def visible_collections(scope) -> set[str]:
@@ -435,19 +427,16 @@ def _used(scope) -> set:
 
 def _near(scope, path: Path, col: str | None) -> str:
   """What exists near ``path``: the collection that holds it, or names."""
-  return tie_errors.near(path, scope.root.path, _holders(scope, path, col),
-                         stored(scope, (), col or 'params') or {})
-
-
-def _holders(scope, path: Path, col: str | None) -> list[str]:
-  """The collections other than ``col`` that hold ``path``."""
-  return sorted([c for c in visible_collections(scope)
-                 if c != col and stored(scope, path, c) is not None])
+  base = scope.root.path
+  return held_elsewhere(scope, path, col) or tie_errors.nearest(
+      stored(scope, (), col or 'params') or {}, path[len(base):], base)
 
 
 def held_elsewhere(scope, path: Path, col: str | None) -> str:
   """Names a collection other than ``col`` that holds ``path``, if any."""
-  return tie_errors.held_in(path, _holders(scope, path, col))
+  return tie_errors.held_in(path, sorted([
+      c for c in visible_collections(scope)
+      if c != col and stored(scope, path, c) is not None]))
 
 
 # ---------------------------------------------------------------------------
@@ -523,17 +512,12 @@ def refused(scope, tie: Tie, col: str, why: Refused, *, write: bool = False,
             crossed=()) -> tie_errors.TieError:
   """The TieError of a use of ``col`` at ``scope`` that ``why`` refuses.
 
-  The one place that says why; what it names nearby is read first.
+  The one place that says why, and names what exists nearby.
   """
   where = scope.path_text
-  given = visible_collections(scope) if why == Refused.MISSING else ()
-  tree = stored(scope, (), col) or {}
-  holders = (_holders(scope, tie.source, col) if why == Refused.NOT_STORED
-             else ())
-  inside = (declared_inside(tie, col, crossed) if why == Refused.INSIDE
-            else None)
   if why == Refused.MISSING:
-    return tie_errors.collection_missing(tie, col, where, given)
+    return tie_errors.collection_missing(tie, col, where,
+                                         visible_collections(scope))
   if why == Refused.UNREACHABLE:
     return tie_errors.unreachable(tie, col, where)
   if why == Refused.KINDS:
@@ -541,16 +525,18 @@ def refused(scope, tie: Tie, col: str, why: Refused, *, write: bool = False,
   if why == Refused.GIVEN:
     return tie_errors.given_for_target(tie, col)
   if why == Refused.INSIDE:
-    return tie_errors.declared_inside(tie, col, where, inside.name)
+    return tie_errors.declared_inside(
+        tie, col, where, declared_inside(tie, col, crossed).name)
   if why == Refused.CANNOT_LAND:
     return tie_errors.cannot_land(
         tie, col, where, [lift.name for lift in crossed], write,
-        '' if write else tie_errors.nearest(tree, tie.source),
+        '' if write else tie_errors.nearest(stored(scope, (), col) or {},
+                                            tie.source),
         is_within(tie.declared_at, scope.root.path))
   if why == Refused.READ_ONLY:
     return tie_errors.read_only(tie, col, where)
-  return tie_errors.source_not_stored(tie, col, where, tie_errors.near(
-      tie.source, scope.root.path, holders, tree))
+  return tie_errors.source_not_stored(tie, col, where,
+                                      _near(scope, tie.source, col))
 
 
 def declared_inside(tie: Tie, col: str, crossed):
@@ -594,7 +580,8 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
   else:
     base, crossed = locate(scope, tie.source)
     # A final source lies below no target: its dicts are reached by name.
-    node = base and _read(base.root, tie.source, col)
+    node = base and walk(base.root._variables.get(col),
+                         tie.source[len(base.root.path):])
     how = (Refused.UNREACHABLE if base is None else
            Refused.KINDS if node is not None and not isinstance(node, Mapping) else
            # A source whose every variable is tied elsewhere stores nothing:
@@ -964,7 +951,7 @@ def _alike(a, b) -> bool:
 
 def _aval(x):
   """``x``'s abstract value where it has one, or ``x`` (unboxed)."""
-  x = _unboxed(x)
+  x = unbox(x)
   aval = getattr(x, 'aval', None)
   return x if aval is None else aval
 
@@ -1066,7 +1053,7 @@ def _ran_first(scope, tie: Tie, col: str, copy, source, first):
     return None
   seen = apply_views(tie, source)
   flat = dict(flatten(seen))
-  pairs = [(_unboxed(leaf), _unboxed(flat.get(path)))
+  pairs = [(unbox(leaf), unbox(flat.get(path)))
            for path, leaf in flatten(copy)]
   if all(a is b or not isinstance(a, jax.core.Tracer) and not
          isinstance(b, jax.core.Tracer) and np.array_equal(a, b)
@@ -1088,10 +1075,6 @@ def _entered_first(scope, tie: Tie, col: str) -> bool:
     return False
   names = list(parent)
   return names.index(target[at]) < names.index(tie.source[at])
-
-
-def _unboxed(x):
-  return x.unbox() if isinstance(x, meta.AxisMetadata) else x
 
 
 def _refuse_untied(scope, tie: Tie, present):
