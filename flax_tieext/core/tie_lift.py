@@ -41,10 +41,10 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
     LIFT_CACHED,
     LINK,
     TIES_FLAG,
-    InitCounters,
     Lift as _Lift,
     PackSite,
     TieSources,
+    counters_now,
     in_force,
     lift_record as _lift,
     locate,
@@ -214,13 +214,6 @@ def _link(outer_scopes, inner_scopes, name, packed, kinds):
       inner.mutable = False
 
 
-def _counters_now(counters):
-  """A copy of a target's rng counters as they are (its source's streams on)."""
-  if isinstance(counters, InitCounters):
-    return counters.snapshot()
-  return dict(counters)
-
-
 class Packed:
   """What ``lift._partial_pack`` packs beyond its scopes, when ties cross it.
 
@@ -277,7 +270,7 @@ class Packed:
     counters = []
     for s in reals:
       found = in_force(s)
-      counters.append(_counters_now(s.rng_counters) if found is not None
+      counters.append(counters_now(s.rng_counters) if found is not None
                       and found.log is not None  # initializing
                       and s.path in found.forms['params'].at else None)
     calls = []
@@ -289,7 +282,7 @@ class Packed:
       _link(reals, inner, self.name, self.outer, self.kinds)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
-          inner_scope.rng_counters = _counters_now(start)
+          inner_scope.rng_counters = counters_now(start)
       calls.append(None)
       for (_, excluded), inner_scope in zip(self.packed, inner):
         for col in excluded:  # reach the inner source now, as pack would

@@ -516,7 +516,7 @@ def apply_views(tie: Tie, tree):
 
 
 def unbox(x):
-  return x.unbox() if is_box(x) else x
+  return x.unbox() if isinstance(x, meta.AxisMetadata) else x
 
 
 def apply_view(tie: Tie, value, under=()):

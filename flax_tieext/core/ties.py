@@ -115,9 +115,8 @@ BY_PACK_NAME = {
 class Lift:
   """What an inner root scope of a lifted transform stands for.
 
-  Recorded on the inner root when ``pack`` makes it (:func:`lift_record`), as
-  Flax records ``parent`` on a child: one reference per root, no search
-  afterwards.
+  Made from what ``pack`` records on the inner root (``LINK``), as Flax
+  records ``parent`` on a child: one reference per root, no search afterwards.
   """
 
   outer: Any  # the outer scope
@@ -869,14 +868,6 @@ class InitCounters(dict):
   def get(self, key, default=None):
     return self[key] if key in self else default
 
-  def snapshot(self) -> InitCounters:
-    """These counters now: their own copied, the source's still shared."""
-    now = InitCounters(self.source)
-    for key, value in dict.items(self):
-      dict.__setitem__(now, key, value.snapshot()
-                       if isinstance(value, InitCounters) else value)
-    return now
-
   def keys(self):
     return ['params', *[k for k in self.source if k != 'params']]
 
@@ -891,6 +882,17 @@ class InitCounters(dict):
 
   def __len__(self):
     return len(self.keys())
+
+
+def counters_now(counters):
+  """A copy of rng counters now (of InitCounters: the source's still shared)."""
+  if not isinstance(counters, InitCounters):
+    return dict(counters)
+  now = InitCounters(counters.source)
+  for key, value in dict.items(counters):
+    dict.__setitem__(now, key, counters_now(value)
+                     if isinstance(value, InitCounters) else value)
+  return now
 
 
 def check_param(scope, name: str, value, abs_value):
