@@ -423,10 +423,20 @@ def screenshots(session):
 
 @nox.session(python=PYTHONS[NEWEST])
 def bench(session):
-  """Benchmarks: writes benchmarks/results.json, renders docs/benchmarks.md and its PNG."""
+  """Benchmarks: writes benchmarks/results.json, renders docs/benchmarks.md and its PNG.
+
+  `-- --device [ARGS]` runs the accelerator benchmarks instead
+  (benchmarks/device.py ARGS, e.g. `--tiny` on a CPU): they write
+  benchmarks/device_results.json, the page's Accelerator section. This
+  session's JAX is the CPU build; on a TPU or GPU, run
+  `python benchmarks/device.py` where JAX sees the device, then render.py.
+  """
   _install(session, NEWEST, *_extra('test'), *_extra('plot'))
-  session.run('python', '-m', 'pytest', '-n', '0', 'benchmarks',
-              '--benchmark-columns=median,rounds', *session.posargs)
+  if session.posargs[:1] == ['--device']:
+    session.run('python', 'benchmarks/device.py', *session.posargs[1:])
+  else:
+    session.run('python', '-m', 'pytest', '-n', '0', 'benchmarks',
+                '--benchmark-columns=median,rounds', *session.posargs)
   session.run('python', 'benchmarks/render.py')
 
 

@@ -17,6 +17,7 @@
 Usage::
 
   python benchmarks/render.py [--results benchmarks/results.json]
+                              [--device-results benchmarks/device_results*.json]
                               [--out docs/benchmarks.md]
                               [--png docs/_static/benchmarks.png]
 
@@ -348,6 +349,156 @@ def untied_live_memory(rows: list) -> list[str]:
   ]
 
 
+def _ratio_cell(candidate, baseline) -> str:
+  if candidate is None or baseline is None or not baseline:
+    return 'n/a'
+  return f'{candidate / baseline:.3f}'
+
+
+def _peak_cell(row: dict) -> str:
+  if row.get('peak_bytes') is None:
+    return 'n/a'
+  mark = '' if row.get('peak_raised', True) else f'{NBSP}(≤)'
+  return f'{row["peak_bytes"] / 2**20:,.0f}{NBSP}MiB{mark}'
+
+
+def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
+  """The ``Accelerator`` section, from ``benchmarks/device_results.json``."""
+  meta, groups, variants = data['meta'], data['groups'], data['variants']
+  size = meta['size']
+  peak_keys = sorted({v['peak_key'] for v in variants.values() if v.get('peak_key')})
+  lines = [
+      heading,
+      '',
+      '<!-- From benchmarks/device_results*.json, written by benchmarks/device.py'
+      ' (nox -s bench -- --device). -->',
+      '',
+      f'Measured {meta["date"]} on {meta["device"]} ({meta["device_count"]}'
+      f' device(s)): jax {meta["jax"]}, flax {meta["flax"]}, Python'
+      f' {meta["python"]}. One jitted Adam train step (loss, gradient, update;'
+      f' state donated), {meta["dtype"]}: vocabulary {size["vocab"]},'
+      f' d_model {size["d_model"]}, {size["heads"]} heads, d_ff {size["d_ff"]},'
+      f' {size["layers"]} layers, sequence {size["length"]}, batch'
+      f' {size["batch"]}; layers: {meta.get("layers", "einsums")}. Step time:'
+      f' median of {meta["rounds"]} interleaved'
+      f' rounds (baseline, candidate, ...) after {meta["warmup"]} warm-up'
+      ' rounds; the noise is the interquartile range of the per-round'
+      ' ratios and each side\'s fastest-slowest step. Peak: the device\'s'
+      f' `memory_stats()` ({", ".join(f"`{k}`" for k in peak_keys) or "not reported"})'
+      ' after two steps, the variants stepped one at a time in increasing'
+      ' order of their compiled footprint, each one\'s state freed first; (≤):'
+      ' that variant did not raise the peak, which is then an upper bound.'
+      ' FLOPs, temp and argument bytes: the compiled step\'s'
+      ' `cost_analysis()` and `memory_analysis()` (which counts the body of'
+      ' a scan\'s loop once: compare FLOPs within a group only). On a TPU'
+      ' `peak_bytes_reserved` follows the temporaries; the state (arguments)'
+      ' is held besides. Sources: `benchmarks/device.py`.',
+      '',
+  ]
+  rows = []
+  order = ('albert', 'equinox', 'nnx', 'scan', 'prevent_cse')
+  for _, group in sorted(groups.items(), key=lambda kv: (
+      order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
+    if 'skipped' in group:
+      rows.append((group['title'], f'skipped: {group["skipped"]}', *[''] * 7))
+      continue
+    for pair in group['pairs']:
+      base, cand = variants[pair['baseline']], variants[pair['candidate']]
+      median, q1, q3 = pair['round_ratio_median_iqr']
+      (bmin, bmax), (cmin, cmax) = (pair['baseline_step_spread'],
+                                    pair['candidate_step_spread'])
+      rows.append((
+          group['title'], f'{cand["label"]} / {base["label"]}',
+          f'{pair["candidate_step_seconds"] * 1e3:.1f} / '
+          f'{pair["baseline_step_seconds"] * 1e3:.1f}{NBSP}ms',
+          f'**{pair["step_ratio"]:.3f}** (rounds {median:.3f},'
+          f' IQR {q1:.3f}–{q3:.3f}; {cmin * 1e3:.1f}–{cmax * 1e3:.1f} /'
+          f' {bmin * 1e3:.1f}–{bmax * 1e3:.1f}{NBSP}ms)',
+          f'{_peak_cell(cand)} / {_peak_cell(base)}',
+          _ratio_cell(cand.get('peak_bytes'), base.get('peak_bytes')),
+          _ratio_cell(cand['temp_bytes'], base['temp_bytes']),
+          _ratio_cell(cand['argument_bytes'], base['argument_bytes']),
+          _ratio_cell(cand['flops'], base['flops'])))
+  lines += _table(('comparison', 'candidate / baseline', 'step (median)',
+                   'step ratio (noise)', 'peak', 'peak ratio', 'temp ratio',
+                   'args ratio', 'FLOPs ratio'), rows)
+  lines += ['', 'Per variant (compiled step):', '']
+  in_use = lambda v: ('n/a' if v.get('peak_bytes_in_use') is None
+                      else f'{v["peak_bytes_in_use"] / 2**20:,.0f}{NBSP}MiB')
+  lines += _table(
+      ('variant', 'FLOPs', 'temp', 'arguments', 'outputs (aliased)', 'peak',
+       '`peak_bytes_in_use`'),
+      [(f'`{name}`: {v["label"]}', f'{v["flops"] / 1e12:.3f}{NBSP}T',
+        _fmt(v['temp_bytes'], 'bytes'), _fmt(v['argument_bytes'], 'bytes'),
+        f'{_fmt(v["output_bytes"], "bytes")} ({_fmt(v["alias_bytes"], "bytes")})',
+        _peak_cell(v), in_use(v)) for name, v in variants.items()])
+  lines += _earlier_scan_numbers(groups)
+  hlo = groups.get('nnx', {}).get('hlo')
+  if hlo:
+    diff = hlo['tree_minus_graph']
+    ops = ', '.join(f'{k} {v:+d}' for k, v in diff['ops'].items()) or 'none'
+    lines += [
+        '',
+        '**NNX tree mode vs graph mode, optimized HLO** (`benchmarks/device.py'
+        ' --hlo-dir`): fusions'
+        f' {hlo["graph"]["fusions"]} (graph) vs {hlo["tree"]["fusions"]} (tree),'
+        f' entry parameters {hlo["graph"]["entry_parameters"]} vs'
+        f' {hlo["tree"]["entry_parameters"]}, donated (aliased) outputs'
+        f' {hlo["graph"]["aliased_outputs"]} vs {hlo["tree"]["aliased_outputs"]};'
+        f' ops, tree minus graph: {ops}.',
+    ]
+    lines += NNX_HLO_FINDING
+  return lines + ['']
+
+
+def _earlier_scan_numbers(groups: dict) -> list[str]:
+  """These numbers beside issue 46's (an earlier TPU v5e run, other code)."""
+  ratios = {p['candidate']: p['step_ratio'] for name in ('scan', 'prevent_cse')
+            for p in groups.get(name, {}).get('pairs', ())}
+  if not {'scan_tie', 'scan_tie_no_cse', 'scan_untied_no_cse'} <= set(ratios):
+    return []
+  return [
+      '',
+      'Issue 46 reported, from an earlier TPU v5e run (its model code is not in'
+      ' the repository) at'
+      ' these sizes, tied / untied 1.055 in the scan and `prevent_cse=False`'
+      ' 7–8% faster. Not reproduced here: tied / untied'
+      f' {ratios["scan_tie"]:.3f}, `prevent_cse=False` / default'
+      f' {ratios["scan_tie_no_cse"]:.3f} (tied) and'
+      f' {ratios["scan_untied_no_cse"]:.3f} (untied).',
+  ]
+
+
+# What the NNX tree / graph difference is, as measured on the TPU v5e
+# (benchmarks/device.py --hlo-dir; the same shows on CPU at --tiny).
+NNX_HLO_FINDING = [
+    '',
+    'Why tree mode is 1.2% slower here: the two programs have the same FLOPs,'
+    ' fusions (201), entry parameters (238) and donated outputs (236); they'
+    ' differ in where the gradient of the shared attention is summed. Graph'
+    ' mode threads the one attention module through every `nnx.remat` (it is'
+    ' an input and an output of each block), so the backward pass adds each'
+    ' block\'s kernel gradient into a running float32 sum as it goes: 11'
+    ' `convert_add_fusion`s per kernel, each fused onto the output of that'
+    ' block\'s weight-gradient matmul, their operands prefetched by 13 more'
+    ' asynchronous copies and 29 more asynchronous slices than tree mode'
+    ' schedules. In tree mode the tie\'s rebuild hands the one array to all'
+    ' 12 blocks before the forward pass, so JAX sums the 12 cotangents where'
+    ' the array fans out: the 12 per-block bf16 kernel gradients stay live'
+    ' to the end of the backward pass and are added up in one fusion'
+    ' together with the Adam update (in the jaxpr, the tied kernels\''
+    ' `add_any`s sit inside the remat transposes in graph mode and at the top'
+    ' level in tree mode). Temporaries are the same (tree / graph 0.999):'
+    ' the cost is time, the summation moved from overlapped with the'
+    ' backward pass to the end of the step. That attribution is by'
+    ' elimination (no other structural difference), not from a profile. A'
+    ' tree-mode tie reaches graph mode\'s step time only if its gradient is'
+    ' accumulated block by block as graph mode\'s is, i.e. if the tied'
+    ' Variable is passed through each transform rather than fanned out'
+    ' before them.',
+]
+
+
 SECTIONS = (
     ('shared_attention', shared_attention),
     ('scan_over_layers', scan_over_layers),
@@ -362,8 +513,12 @@ SECTIONS = (
 )
 
 
-def render_markdown(data: dict, png: str | None) -> str:
-  """The Markdown page for ``data`` (the parsed results file)."""
+def render_markdown(data: dict, png: str | None, device: Sequence[dict] = ()) -> str:
+  """The Markdown page for ``data`` (the parsed results file).
+
+  ``device``: the parsed ``benchmarks/device_results*.json``, rendered as the
+  Accelerator section (the first) and its subsections.
+  """
   meta, results = data['meta'], data['results']
   lines = [
       '# Benchmarks',
@@ -400,6 +555,9 @@ def render_markdown(data: dict, png: str | None) -> str:
   for key, render in SECTIONS:
     if key in results:
       lines += render(results[key])
+  for i, one in enumerate(device or ()):
+    lines += accelerator(one, '## Accelerator' if i == 0 else
+                         f'### Accelerator: {one["meta"].get("layers", "")}')
   return '\n'.join(lines).rstrip() + '\n'
 
 
@@ -456,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       type=pathlib.Path)
   parser.add_argument('--out', default=ROOT / 'docs' / 'benchmarks.md',
                       type=pathlib.Path)
+  parser.add_argument('--device-results', nargs='*', type=pathlib.Path,
+                      default=sorted((ROOT / 'benchmarks').glob('device_results*.json')))
   parser.add_argument('--png', default=ROOT / 'docs' / '_static' / 'benchmarks.png',
                       type=pathlib.Path)
   args = parser.parse_args(argv)
@@ -469,7 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     png = os.path.relpath(args.png, args.out.parent)
     print(f'matplotlib is not installed: keeping the old {args.png}',
           file=sys.stderr)
-  args.out.write_text(render_markdown(data, png))
+  device = [json.loads(p.read_text()) for p in args.device_results]
+  args.out.write_text(render_markdown(data, png, device))
   print(f'wrote {args.out}' + (f' and {args.png}' if png else ''))
   return 0
 
