@@ -557,7 +557,8 @@ def render_markdown(data: dict, png: str | None, device: Sequence[dict] = ()) ->
       lines += render(results[key])
   for i, one in enumerate(device or ()):
     lines += accelerator(one, '## Accelerator' if i == 0 else
-                         f'### Accelerator: {one["meta"].get("layers", "")}')
+                         f'### Accelerator: {one["meta"].get("layers", "")},'
+                         f' batch {one["meta"]["size"]["batch"]}')
   return '\n'.join(lines).rstrip() + '\n'
 
 
