@@ -91,12 +91,14 @@ NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
 # newest release's matrix session draws this many.
 NEWEST_PROPERTY_EXAMPLES = '20'
 # The differential harness (tests/test_differential.py: programs run plain and
-# patched in fresh interpreters) draws 2 examples; the oldest and newest
-# releases' matrix sessions draw this many, and in `nox -s ci` only they run it.
-# Its static-argument programs (every entry point, failed calls retried, late
-# import, uninstall(); four interpreters a batch, seeded) run one batch per
-# entry point everywhere: about a minute on two cores.
-EDGE_DIFFERENTIAL_EXAMPLES = '4'
+# patched in fresh interpreters) draws 2 examples; the newest release's matrix
+# session draws this many, and in `nox -s ci` only it runs the harness: the
+# newest Flax has every entry point the oldest has, and nnx.remat's tree mode
+# besides (the other releases run the fast plain-versus-patched checks of
+# tests/test_transparency*.py). Its static-argument programs (every entry point,
+# failed calls retried, late import, uninstall(); four interpreters a batch,
+# seeded) run one batch per entry point: about a minute and a half on two cores.
+NEWEST_DIFFERENTIAL_EXAMPLES = '4'
 
 # What `nox -s ci` (and so .ci/run) runs, in order. Add new CI sessions here.
 CI_SESSIONS = [*(f'matrix({v})' for v in PINS), 'newest', 'clients', 'distributed', 'upstream',
@@ -106,6 +108,9 @@ nox.options.sessions = ['tests']
 # uv makes each session's environment in seconds (pip takes about a minute for
 # the jax stack); nox falls back to virtualenv where uv is not installed.
 nox.options.default_venv_backend = 'uv|virtualenv'
+# uv itself: beside this interpreter (the README's venv installs nox[uv]) or on PATH.
+UV = shutil.which('uv', path=os.pathsep.join([os.path.dirname(sys.executable),
+                                              os.environ.get('PATH', '')]))
 
 
 def _extra(name):
@@ -198,17 +203,31 @@ def matrix(session, flax):
   # Every test patched, and each one not marked needs_patch again opted out.
   # tests/distributed runs once, on the newest Flax (nox -s distributed).
   ignored = ['tests/distributed', *(NEWEST_ONLY if flax != NEWEST else ())]
-  env = {'DIFFERENTIAL_EXAMPLES': EDGE_DIFFERENTIAL_EXAMPLES} if flax in (
-      RELEASES[0], NEWEST) else {}
+  env = {}
   if flax == NEWEST:
+    env['DIFFERENTIAL_EXAMPLES'] = NEWEST_DIFFERENTIAL_EXAMPLES
     env['TIE_PROPERTY_EXAMPLES'] = NEWEST_PROPERTY_EXAMPLES
+  # `nox -s ci` passes XLA_DEFAULTS first on the newest release: the suites of
+  # `nox -s newest` (NEWEST_SESSION_TESTS) then run apart, with XLA's defaults,
+  # so that `nox -s newest` need not run them again when the registry's newest
+  # releases are these pins.
+  posargs = list(session.posargs)
+  xla_defaults = flax == NEWEST and posargs[:1] == [XLA_DEFAULTS]
+  if posargs[:1] == [XLA_DEFAULTS]:
+    del posargs[0]
+  if xla_defaults:
+    ignored += NEWEST_SESSION_TESTS
   # Work stealing keeps both workers busy to the end: setup.cfg's loadscope
   # keeps a module on one worker, for the demo's module fixture, which runs
   # here on the newest release only (each worker that gets a demo test runs
   # it once).
   _pytest(session, 'ours', '--opted-out-too', '--end-to-end',
           *(f'--ignore={p}' for p in ignored),
-          '--tb=short', '--dist', 'worksteal', *session.posargs, env=env)
+          '--tb=short', '--dist', 'worksteal', *posargs, env=env)
+  if xla_defaults:
+    _pytest(session, 'ours-xla-defaults', '--opted-out-too', '--end-to-end', '--tb=short',
+            '--dist', 'worksteal', *posargs, *NEWEST_SESSION_TESTS,
+            env={**env, 'TIEEXT_TEST_XLA_OPT': 'default'})
   # Flax's own tests: pyproject.toml and tests/ of the sdist, so that they
   # import the installed Flax.
   checkout = harness.SDISTS / f'flax-{flax}'
@@ -269,6 +288,12 @@ NEWEST_SESSION_TESTS = ('tests/test_patch.py', 'tests/test_transparency.py',
                         'tests/test_tie_inside_transform.py', 'tests/test_static_argnames.py',
                         'tests/test_static_argnames_compat.py', 'tests/test_nnx_remat.py',
                         'tests/test_nnx_tree_tie.py', 'tests/upstream')
+# The first argument `nox -s ci` gives the newest release's matrix session:
+# run NEWEST_SESSION_TESTS apart, with XLA's defaults (matrix()).
+XLA_DEFAULTS = '--newest-session-tests-at-xla-defaults'
+# The first argument `nox -s ci` gives `nox -s newest`: import only, when the
+# registry's newest releases are the newest pins (matrix() ran the rest).
+UNLESS_PINNED = '--suites-unless-pinned'
 
 
 @nox.session(python=PYTHONS[NEWEST])
@@ -276,9 +301,15 @@ def newest(session):
   """The newest Flax and JAX the registry serves now, unpinned: import, ties, static args, transparency.
 
   A release is tested the first time CI runs after it ships, before PINS
-  names it. Fails saying the versions it saw.
+  names it. Fails saying the versions it saw. Given UNLESS_PINNED first (as
+  `nox -s ci` does, after the newest release's matrix session ran these suites
+  with XLA's defaults), it runs only the import when it sees the newest pins.
   """
   _fresh_reports(session)
+  posargs = list(session.posargs)
+  unless_pinned = posargs[:1] == [UNLESS_PINNED]
+  if unless_pinned:
+    del posargs[0]
   session.install('--upgrade', 'flax', 'jax', 'jaxlib', *_extra('test'), silent=True)
   session.install('--no-deps', '-e', str(ROOT), silent=True)
   seen = session.run(
@@ -291,10 +322,14 @@ def newest(session):
   try:
     session.run('python', '-W', 'error', '-c', 'import flax_tieext, flax.linen',
                 env={'FLAX_TIEEXT_AUTOPATCH': '1'})
+    if unless_pinned and seen == pinned:
+      session.log(f'newest: the suites ran on these releases with XLA\'s defaults in'
+                  f' matrix({NEWEST}) (.nox/_reports/matrix({NEWEST})/ours-xla-defaults.xml)')
+      return
     # With XLA's backend optimizations, as users compile (tests/conftest.py
     # turns them off everywhere else, for speed).
     _pytest(session, 'newest', '--end-to-end', '--tb=short', '--dist', 'worksteal',
-            *(session.posargs or NEWEST_SESSION_TESTS), env={'TIEEXT_TEST_XLA_OPT': 'default'})
+            *(posargs or NEWEST_SESSION_TESTS), env={'TIEEXT_TEST_XLA_OPT': 'default'})
   except nox.command.CommandFailed:
     session.error(f'newest: fails on {seen}, the newest releases the registry serves'
                   f' (the matrix pins {pinned}): fix it, then add them to PINS')
@@ -371,14 +406,23 @@ def upstream(session):
                   f' (pyenv install {python})')
       continue
     env = ROOT / '.nox' / '_jax' / f'jax-{jax_v}'
+    # uv (what nox makes the sessions with) where it is here: seconds a venv
+    # from its cache, where pip takes about 20.
     if not (env / 'bin' / 'python').exists():
-      session.run(_FOUND[python], '-m', 'venv', str(env), external=True)
+      if UV:
+        session.run(UV, 'venv', '-q', '--seed', '-p', _FOUND[python], str(env), external=True)
+      else:
+        session.run(_FOUND[python], '-m', 'venv', str(env), external=True)
     site = env / 'lib' / f'python{python}' / 'site-packages'
     if not all((site / f'{d}-{v}.dist-info').is_dir()
                for d, v in (('jax', jax_v), ('jaxlib', jaxlib_v))):
-      session.run(str(env / 'bin' / 'python'), '-m', 'pip', 'install', '-q',
-                  '--disable-pip-version-check', f'jax=={jax_v}', f'jaxlib=={jaxlib_v}',
-                  external=True)
+      if UV:
+        session.run(UV, 'pip', 'install', '-q', '--python', str(env / 'bin' / 'python'),
+                    f'jax=={jax_v}', f'jaxlib=={jaxlib_v}', external=True)
+      else:
+        session.run(str(env / 'bin' / 'python'), '-m', 'pip', 'install', '-q',
+                    '--disable-pip-version-check', f'jax=={jax_v}', f'jaxlib=={jaxlib_v}',
+                    external=True)
     session.run(str(env / 'bin' / 'python'), 'patches/jax/run.py', external=True)
   session.run('python', 'tools/upstream_verify.py')
 
@@ -459,9 +503,8 @@ def ci(session):
   # from, is our suite patched on that environment's Flax, less the tests
   # marked end_to_end: where that is a release of the matrix with its pins,
   # its matrix run adds the opted-out half and those end_to_end tests. The end_to_end tests run
-  # here: the docs, the demo and the FLIP reproducers on the newest release,
-  # the differential harness on the oldest and the newest, the two-process
-  # jobs in the distributed session.
+  # here: the docs, the demo, the FLIP reproducers and the differential harness
+  # on the newest release, the two-process jobs in the distributed session.
   #
   # To keep CI within its budget, the other releases run the opted-out half
   # only for the tie regression tests (marked installs_patch: they install
@@ -474,13 +517,23 @@ def ci(session):
     if name == f'matrix({readme_release})':
       # The opted-out half, and the patched tests the README run leaves to
       # --end-to-end (fresh interpreters, generated programs, the nesting
-      # grid), less those CI runs on the oldest and newest releases only.
-      posargs = ['-k', 'opted-out or (end_to_end and not (test_differential or'
+      # grid), less those CI runs on the newest release only.
+      posargs = ['-k', 'opted-out or end_to_end' if readme_release == NEWEST else
+                 'opted-out or (end_to_end and not (test_differential or'
                  ' test_flip_reproducers))']
     elif name in inner:
       posargs = ['-k', f'(not opted-out or installs_patch) and ({middle})']
+    elif name == f'matrix({NEWEST})':
+      # NEWEST_SESSION_TESTS with XLA's defaults, which `nox -s newest` then
+      # leaves out when the registry serves these pins (UNLESS_PINNED).
+      posargs = [XLA_DEFAULTS, '-k', 'not opted-out or installs_patch']
+    elif name == f'matrix({RELEASES[0]})':
+      # The differential harness runs on the newest release only.
+      posargs = ['-k', '(not opted-out or installs_patch) and not test_differential']
     elif name.startswith('matrix('):
       posargs = ['-k', 'not opted-out or installs_patch']
+    elif name == 'newest' and readme_release != NEWEST:
+      posargs = [UNLESS_PINNED]
     else:
       posargs = ['--reuse-html'] if name == 'screenshots' else None
     session.notify(name, posargs)
