@@ -355,13 +355,6 @@ def _ratio_cell(candidate, baseline) -> str:
   return f'{candidate / baseline:.3f}'
 
 
-def _peak_cell(row: dict) -> str:
-  if row.get('peak_bytes') is None:
-    return 'n/a'
-  mark = '' if row.get('peak_raised', True) else f'{NBSP}(≤)'
-  return f'{row["peak_bytes"] / 2**20:,.0f}{NBSP}MiB{mark}'
-
-
 def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
   """The ``Accelerator`` section, from ``benchmarks/device_results.json``."""
   meta, groups, variants = data['meta'], data['groups'], data['variants']
@@ -383,7 +376,7 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
       f' median of {meta["rounds"]} interleaved'
       f' rounds (baseline, candidate, ...) after {meta["warmup"]} warm-up'
       ' rounds; the noise is the interquartile range of the per-round'
-      ' ratios and each side\'s fastest-slowest step. Peak: the device\'s'
+      ' ratios. Peak: the device\'s'
       f' `memory_stats()` ({", ".join(f"`{k}`" for k in peak_keys) or "not reported"})'
       ' after two steps, the variants stepped one at a time in increasing'
       ' order of their compiled footprint, each one\'s state freed first; (≤):'
@@ -395,43 +388,44 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
       ' is held besides. Sources: `benchmarks/device.py`.',
       '',
   ]
-  rows = []
+  # One narrow table per group (docs/screenshots.py: a table fits the column
+  # and no word breaks inside a cell): the spreads are in the JSON.
   order = ('albert', 'equinox', 'nnx', 'scan', 'prevent_cse')
   for _, group in sorted(groups.items(), key=lambda kv: (
       order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
+    lines += [f'**{group["title"]}**', '']
     if 'skipped' in group:
-      rows.append((group['title'], f'skipped: {group["skipped"]}', *[''] * 7))
+      lines += [f'Skipped: {group["skipped"]}', '']
       continue
+    rows = []
     for pair in group['pairs']:
       base, cand = variants[pair['baseline']], variants[pair['candidate']]
-      median, q1, q3 = pair['round_ratio_median_iqr']
-      (bmin, bmax), (cmin, cmax) = (pair['baseline_step_spread'],
-                                    pair['candidate_step_spread'])
+      _, q1, q3 = pair['round_ratio_median_iqr']
       rows.append((
-          group['title'], f'{cand["label"]} / {base["label"]}',
-          f'{pair["candidate_step_seconds"] * 1e3:.1f} / '
-          f'{pair["baseline_step_seconds"] * 1e3:.1f}{NBSP}ms',
-          f'**{pair["step_ratio"]:.3f}** (rounds {median:.3f},'
-          f' IQR {q1:.3f}–{q3:.3f}; {cmin * 1e3:.1f}–{cmax * 1e3:.1f} /'
-          f' {bmin * 1e3:.1f}–{bmax * 1e3:.1f}{NBSP}ms)',
-          f'{_peak_cell(cand)} / {_peak_cell(base)}',
+          f'{cand["label"]} / {base["label"]}',
+          f'{pair["candidate_step_seconds"] * 1e3:.1f} /'
+          f' {pair["baseline_step_seconds"] * 1e3:.1f}',
+          f'**{pair["step_ratio"]:.3f}** ({q1:.3f} to {q3:.3f})',
           _ratio_cell(cand.get('peak_bytes'), base.get('peak_bytes')),
           _ratio_cell(cand['temp_bytes'], base['temp_bytes']),
           _ratio_cell(cand['argument_bytes'], base['argument_bytes']),
           _ratio_cell(cand['flops'], base['flops'])))
-  lines += _table(('comparison', 'candidate / baseline', 'step (median)',
-                   'step ratio (noise)', 'peak', 'peak ratio', 'temp ratio',
-                   'args ratio', 'FLOPs ratio'), rows)
-  lines += ['', 'Per variant (compiled step):', '']
+    lines += _table(('candidate / baseline', 'step, ms', 'step ratio (IQR)',
+                     'peak', 'temp', 'args', 'FLOPs'), rows) + ['']
+  lines += ['Per variant (compiled step; MiB, peak marked (≤) where the'
+            ' variant did not raise it):', '']
+  mib = lambda b: f'{b / 2**20:,.0f}'
   in_use = lambda v: ('n/a' if v.get('peak_bytes_in_use') is None
-                      else f'{v["peak_bytes_in_use"] / 2**20:,.0f}{NBSP}MiB')
+                      else mib(v['peak_bytes_in_use']))
+  peak = lambda v: ('n/a' if v.get('peak_bytes') is None else mib(
+      v['peak_bytes']) + ('' if v.get('peak_raised', True) else f'{NBSP}(≤)'))
   lines += _table(
-      ('variant', 'FLOPs', 'temp', 'arguments', 'outputs (aliased)', 'peak',
-       '`peak_bytes_in_use`'),
-      [(f'`{name}`: {v["label"]}', f'{v["flops"] / 1e12:.3f}{NBSP}T',
-        _fmt(v['temp_bytes'], 'bytes'), _fmt(v['argument_bytes'], 'bytes'),
-        f'{_fmt(v["output_bytes"], "bytes")} ({_fmt(v["alias_bytes"], "bytes")})',
-        _peak_cell(v), in_use(v)) for name, v in variants.items()])
+      ('variant', 'TFLOPs', 'temp', 'args', 'out (aliased)', 'peak',
+       'in use'),
+      [(f'`{name}`: {v["label"]}', f'{v["flops"] / 1e12:.3f}',
+        mib(v['temp_bytes']), mib(v['argument_bytes']),
+        f'{mib(v["output_bytes"])} ({mib(v["alias_bytes"])})',
+        peak(v), in_use(v)) for name, v in variants.items()])
   lines += _earlier_scan_numbers(groups)
   hlo = groups.get('nnx', {}).get('hlo')
   if hlo:
