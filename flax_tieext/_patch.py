@@ -162,6 +162,11 @@ def _bindings() -> list[_Binding]:
       _Binding(_core_lift, 'pack', _pack),
       _Binding(_core_lift, '_partial_pack', _partial_pack),
       _Binding(core_scope.Scope, 'rewound', _scope_rewound),
+      # ... and a scan call records what it scans, for a source scanned over
+      # (bound now: nn.scan takes lift.scan when it is applied, often at
+      # import time of the user's model).
+      _Binding(_core_lift, 'scan', _scan),
+      _Binding(flax_core, 'scan', _scan),
   ]
 
 
@@ -229,8 +234,10 @@ def _partial_pack(pack):
   @functools.wraps(pack)
   def tied_partial_pack(scope_tree, in_variable_filters, out_variable_filters,
                         rng_filters, name=None):
+    call = tie_lift.SCAN_CALL.get() if name == 'scan' else None
     tied = _machinery_bound and tie_lift.packed(
-        scope_tree, name, ties.BY_PACK_NAME.get(name))
+        scope_tree, name, ties.BY_PACK_NAME.get(name),
+        call if call is not None and call.scope_tree is scope_tree else None)
     shown = str(name) if isinstance(name, ties.PackSite) else name
     if not tied:
       scope_fn, *rest = pack(scope_tree, in_variable_filters,
@@ -242,6 +249,31 @@ def _partial_pack(pack):
     return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
             *rest)
   return tied_partial_pack
+
+
+@functools.cache  # one object for lift.scan and its alias flax.core.scan
+def _scan(scan):
+  """``lift.scan``: each call records what it scans (``tie_lift.ScanCall``).
+
+  Upstream, ``scan``'s ``inner`` hands its length and variable axes to the
+  tie sources it packs. Here the scan function records the arguments it was
+  made with and the inputs of each call, for the ``_partial_pack`` of that
+  call; only a tie source scanned over (``in_scan='scanned'``) reads them.
+  """
+  @functools.wraps(scan)
+  def recording_scan(*args, **kwargs):
+    scan_fn = scan(*args, **kwargs)
+
+    @functools.wraps(scan_fn)
+    def recording_scan_fn(scope_tree, init, *xs, **kw):
+      token = tie_lift.SCAN_CALL.set(
+          tie_lift.ScanCall(scope_tree, scan, args, kwargs, xs))
+      try:
+        return scan_fn(scope_tree, init, *xs, **kw)
+      finally:
+        tie_lift.SCAN_CALL.reset(token)
+    return recording_scan_fn
+  return recording_scan
 
 
 def _scope_rewound(rewound):

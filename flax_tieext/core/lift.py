@@ -178,6 +178,7 @@ def tie(
     fn: Callable[..., Any],
     ties: Mapping[str, Any],
     collections: CollectionFilter = 'params',
+    in_scan: str = 'broadcast',
 ) -> Callable[..., Any]:
   """Ties variables of one path to those of another: one variable, two paths.
 
@@ -226,6 +227,16 @@ def tie(
       (``a -> b``, ``b -> c``) resolve to the end of the chain.
     collections: the tied collections, a collection filter (``"params"``,
       ``"graph"``, ``["batch_stats", "cache"]``, ``True`` for all).
+    in_scan: how a source outside a ``scan`` whose body holds the target
+      enters the loop: ``"broadcast"`` (the default) as a loop invariant, read
+      by every iteration, as ``variable_broadcast`` collections are;
+      ``"scanned"`` broadcast to the stack's length before the loop and
+      scanned over, where the scan scans the tied collection
+      (``variable_axes``), as the stack's own variables are. The same values
+      and gradients (the broadcast's transpose sums them); the compiled loop
+      differs: ``"scanned"`` holds a stacked copy of the source as
+      temporaries, and can run faster at large batch sizes
+      (``docs/scaling.md`` has the measurements).
 
   Returns:
     ``fn`` with the ties in force.
@@ -239,16 +250,18 @@ def tie(
       names) or a target that does not match its source.
   """
   ties = dict(tie_spec.given(ties, 'lift.tie'))  # checked before any use
+  in_scan = tie_spec.in_scan_given(in_scan, 'lift.tie')
   # lift.tie of a lift.tie declares both at once, as their union.
   fn, stacked = getattr(fn, '_tie_declarations', (fn, ()))
 
   def wrapper(scope_tree, *args, **kwargs):
     declaring = jax.tree_util.tree_leaves(
         scope_tree, is_leaf=lambda x: isinstance(x, Scope))[-1]
-    declared = ties_lib.declare(declaring, ties, collections, stacked)
+    declared = ties_lib.declare(declaring, ties, collections, stacked,
+                                in_scan)
     y = fn(scope_tree, *args, **kwargs)
     ties_lib.check_init(declaring, declared)
     return y
 
-  wrapper._tie_declarations = (fn, (*stacked, (ties, collections)))
+  wrapper._tie_declarations = (fn, (*stacked, (ties, collections, in_scan)))
   return wrapper

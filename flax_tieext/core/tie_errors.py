@@ -213,6 +213,39 @@ def two_sources(target: Path, first, second) -> TieError:
       ' stored path.')
 
 
+def two_in_scans(first, second) -> TieError:
+  """One tie declared twice, with two ways into an ``nn.scan``."""
+  return tie_error(
+      f'The {first.describe()} is declared twice, with in_scan='
+      f'{first.in_scan!r} and in_scan={second.in_scan!r}. A tie enters an'
+      ' nn.scan around its target one way.' + _declarations([first, second]),
+      'Pass the same in_scan to both declarations.',
+      'Keep one of the two declarations.')
+
+
+def bad_in_scan(in_scan, api: str, allowed) -> TieError:
+  return TieError(
+      f'{api}(..., in_scan={in_scan!r}): in_scan says how a tie source'
+      ' outside an nn.scan enters it, one of '
+      + ' or '.join(map(repr, allowed)) + ": 'broadcast' (the default) reads"
+      ' it as a loop invariant, as variable_broadcast does; \'scanned\''
+      ' broadcasts it to the stack before the loop and scans over it, as'
+      ' variable_axes does (docs/scaling.md says when each is faster).')
+
+
+def scan_not_recorded(tie, where: str) -> TieError:
+  return tie_error(
+      f'The {tie.describe()} asks in_scan=\'scanned\', and its target is'
+      f' inside the scan at {where}, but that scan was made by a'
+      ' flax.core.lift.scan that flax_tieext did not install: it cannot learn'
+      ' the length to broadcast the source to. (Made before'
+      ' `import flax_tieext`, e.g. nn.scan applied at import time of your'
+      ' model\'s module?)',
+      'Import flax_tieext before the module that builds the scan.',
+      "Use in_scan='broadcast' (the default): the same values and"
+      ' gradients, the source read as a loop invariant.')
+
+
 def ancestor(tie, inner: Path, outer: Path) -> TieError:
   return TieError(
       f'The {tie.describe()}: {tie.text(inner)} lies inside'

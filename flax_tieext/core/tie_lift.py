@@ -27,11 +27,16 @@ when a tie source lies outside it, never a guess.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import contextvars
+import inspect
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
+from flax.core import axes_scan, meta
 from flax.core.frozen_dict import freeze
+from flax.core.scope import in_filter
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import is_within, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
@@ -64,10 +69,75 @@ class Lifted(NamedTuple):
   real: Any  # the source's scope
   rngs_only: bool  # lifted for its rngs (its variables stay outside)
   closure: Any  # the Lift whose closed-over values it holds, or None
+  scanned: bool = False  # broadcast to the scan's length (in_scan='scanned')
+
+
+class ScanCall(NamedTuple):
+  """One call of a ``lift.scan`` function, as the plugin's ``lift.scan`` saw it.
+
+  Upstream, ``scan``'s ``inner`` hands the length it computes, and its
+  variable axes, to the tie sources it packs; the plugin's ``lift.scan``
+  records its arguments and each call's inputs (:data:`SCAN_CALL`), which
+  ``_partial_pack`` reads for the same ``scope_tree``.
+  """
+
+  scope_tree: Any
+  scan: Any  # Flax's lift.scan
+  args: tuple  # lift.scan's arguments
+  kwargs: dict
+  xs: tuple  # the call's scanned inputs (after the carry)
+
+  def stacking(self):
+    """``(length, {collection filter: in axis}, metadata_params)``.
+
+    Flax's own rules (``lift.scan``'s ``inner``): the length is ``length`` or
+    that of the scanned inputs; a collection is scanned when no
+    ``variable_broadcast`` or ``variable_carry`` filter takes it first.
+    """
+    bound = inspect.signature(self.scan).bind(*self.args, **self.kwargs)
+    bound.apply_defaults()
+    given = bound.arguments
+    in_axes, length = given['in_axes'], given['length']
+    if length is None:
+      def find_length(axis, x):
+        if axis is not axes_scan.broadcast:
+          leaves = jax.tree_util.tree_leaves(x)
+          if leaves:
+            return leaves[0].shape[axis]
+        return ()
+      lengths = set(jax.tree_util.tree_leaves(
+          jax.tree_util.tree_map(find_length, in_axes, self.xs)))
+      length = lengths.pop() if len(lengths) == 1 else None
+    from flax.core import lift  # pylint: disable=g-import-not-at-top
+    axes = dict(zip(*lift._unzip2(  # pylint: disable=protected-access
+        lift._split_in_out_axes(given['variable_axes'])[0].items())))  # pylint: disable=protected-access
+    return (length, given['variable_broadcast'], given['variable_carry'],
+            axes, given.get('metadata_params', {}))
+
+
+# The call of a lift.scan function under way (set by the plugin's lift.scan).
+SCAN_CALL = contextvars.ContextVar('flax_tieext_scan_call', default=None)
+
+
+def _scanned_collections(tie, scope, call: ScanCall | None):
+  """``{collection: in axis}`` of the tied collections ``call`` scans."""
+  if call is None:
+    raise tie_errors.scan_not_recorded(tie, scope.path_text)
+  _, broadcast, carry, axes, _ = call.stacking()
+  found = {}
+  for col in visible_collections(scope):
+    if not tie.applies_to(col) or in_filter(broadcast, col) or in_filter(
+        carry, col):
+      continue
+    for col_filter, axis in axes.items():
+      if in_filter(col_filter, col):
+        found[col] = axis
+        break
+  return found
 
 
 def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
-                   inside, met) -> list[Lifted]:
+                   inside, met, call: ScanCall | None = None) -> list[Lifted]:
   """Each tie source to lift (:class:`Lifted`).
 
   For a target inside ``scopes`` (``inside``: each one's, :func:`_ties_inside`)
@@ -104,7 +174,14 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       paths.add(path)
       source, _ = reach(scope, path, rngs=True)
       values, crossed = reach(scope, path)
-      if crossing.maps:
+      if crossing.maps and tie.in_scan == 'scanned' and name == 'scan' and (
+          scanned := _scanned_collections(tie, scope, call)):
+        # Scanned over as the stack's own variables are (Packed.stacked).
+        extra.append(Lifted(_detached(source, {
+            c: values._collection(c) for c in scanned}), source, False,
+                            _Lift(source, (), name, True, False, False, None),
+                            scanned=True))
+      elif crossing.maps:
         extra.append(Lifted(_detached(source, {}), source, True, None))
       elif crossed or (tie, col) in met:  # a closed-over value: lift it as one
         extra.append(Lifted(_detached(source, {
@@ -227,7 +304,7 @@ class Packed:
   transform's sight.
   """
 
-  def __init__(self, scopes, treedef, name, tie_sources, met=None):
+  def __init__(self, scopes, treedef, name, tie_sources, met=None, call=None):
     self.treedef = treedef
     for scope in scopes:  # what the scope sees from outside its root, too
       for col in visible_collections(scope) - set(scope.root._variables):
@@ -238,7 +315,10 @@ class Packed:
                                  if is_within(t.target, s.path)]
               for s in scopes]
     self.extra = extra = lifted_sources(scopes, name, tie_sources, inside,
-                                        met_here)
+                                        met_here, call)
+    # Sources scanned over (in_scan='scanned'): their indices among the scopes.
+    self.stacked = [len(scopes) + i for i, e in enumerate(extra) if e.scanned]
+    self.call = call
     lifted = scopes + [e.real for e in extra if not e.rngs_only]
     self.packed = [without_borrowed(s, lifted, ties)
                    for s, ties in zip(scopes, inside)]
@@ -250,12 +330,21 @@ class Packed:
     # A transform that reuses its trace keys it on the variables' tree: the
     # ties inside, views included, are part of what the trace computes.
     self.key = (met and met.generation, *(
-        tuple((tie.target[len(s.path):], col, tie.view) for tie, col in ties)
+        tuple((tie.target[len(s.path):], col, tie.view, tie.in_scan)
+              for tie, col in ties)
         for s, ties in zip(scopes, inside)
     )) if tie_sources is not None and tie_sources.caches_trace else None
 
   def keyed(self, variable_groups):
-    """``variable_groups``, keyed by the ties inside where the trace is reused."""
+    """``variable_groups`` as the transform takes them.
+
+    A source scanned over is broadcast to the scan's length, along each
+    scanned group's axis (the scan slices it back; the broadcast's transpose
+    sums its gradient); where the trace is reused, the groups are keyed by
+    the ties inside.
+    """
+    if self.stacked:
+      variable_groups = _stacked(variable_groups, self.stacked, self.call)
     if self.key is None or not any(self.key):
       return variable_groups
     return _Keyed(variable_groups, self.key)
@@ -304,6 +393,33 @@ class Packed:
     return tied_scope_fn, tied_repack_fn
 
 
+def _stacked(variable_groups, indices, call: ScanCall):
+  """Scan's ``variable_groups``, the scopes at ``indices`` broadcast.
+
+  Scan's groups are ``(broadcast, carry, *scanned)``, the scanned ones in
+  the order of ``variable_axes``; each group holds one entry per scope.
+  """
+  length, _, _, axes, metadata_params = call.stacking()
+  groups = list(variable_groups)
+  for k, axis in enumerate(axes.values()):
+    group = list(groups[2 + k])
+    for i in indices:
+      group[i] = {col: meta.add_axis(jax.tree_util.tree_map(
+          lambda x, a=axis: _broadcast(x, a, length), tree), axis,
+                                     metadata_params)
+                  for col, tree in group[i].items()}
+    groups[2 + k] = tuple(group)
+  return tuple(groups)
+
+
+def _broadcast(x, axis: int, length: int):
+  """``length`` copies of ``x`` along a new ``axis`` (no copy is made)."""
+  x = jnp.expand_dims(x, axis)
+  shape = list(x.shape)
+  shape[axis] = length
+  return jnp.broadcast_to(x, shape)
+
+
 @jax.tree_util.register_pytree_node_class
 class _Keyed:
   """Variable groups whose tree carries a key (``nn.jit`` keys on the tree)."""
@@ -319,7 +435,8 @@ class _Keyed:
     return cls(children[0], key)
 
 
-def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
+def packed(scope_tree, name=None, tie_sources=None,
+           call: ScanCall | None = None) -> Packed | None:
   """What ``lift._partial_pack`` packs for ties crossing it, or None.
 
   None where no scope of ``scope_tree`` has ties in force, and no earlier
@@ -331,4 +448,4 @@ def packed(scope_tree, name=None, tie_sources=None) -> Packed | None:
   met = name.met if isinstance(name, PackSite) else None
   if met is None and not any(TIES_FLAG in s.flags for s in scopes):
     return None
-  return Packed(scopes, treedef, name, tie_sources, met)
+  return Packed(scopes, treedef, name, tie_sources, met, call)

@@ -66,6 +66,8 @@ class Tie:
   # The mapping the tie was declared in (``given``'s items), named where a
   # union of declarations is invalid. No part of the tie's meaning.
   declared_in: tuple = dataclasses.field(default=(), repr=False, compare=False)
+  # How the source enters an ``nn.scan`` around the target (IN_SCAN).
+  in_scan: str = 'broadcast'
 
   def text(self, path: Path) -> str:
     return text(path, self.sep)
@@ -141,7 +143,8 @@ def normalize(ties: Mapping[str, Any], collections: Any,
 
 
 def absolute(ties: Mapping[str, Any], collections: Any,
-             declared_at: Path, sep: str = '/') -> tuple[Tie, ...]:
+             declared_at: Path, sep: str = '/',
+             in_scan: str = 'broadcast') -> tuple[Tie, ...]:
   """The ties as declared, with absolute paths: what a scope puts in force.
 
   Self-ties and two spellings of one target are refused here. The rest is
@@ -149,7 +152,7 @@ def absolute(ties: Mapping[str, Any], collections: Any,
   invalid alone may be part of a valid union (stacked ``nn.tie`` classes).
   """
   key = (given(ties, sep=sep), tuple(collections) if isinstance(
-      collections, list) else collections, tuple(declared_at), sep)
+      collections, list) else collections, tuple(declared_at), sep, in_scan)
   try:
     return _normalized(*key)
   except TypeError:  # an unhashable spec or filter: not memoized
@@ -184,6 +187,19 @@ def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
   return tuple(items)
 
 
+# How a tie source outside an ``nn.scan`` enters it (``lift.tie``'s
+# ``in_scan``): as a loop invariant the scan closes over, or broadcast to the
+# stack's length before the scan and scanned over like the stack's own.
+IN_SCAN = ('broadcast', 'scanned')
+
+
+def in_scan_given(in_scan: Any, api: str = 'lift.tie') -> str:
+  """``in_scan`` as ``api`` takes it, checked (one of :data:`IN_SCAN`)."""
+  if not isinstance(in_scan, str) or in_scan not in IN_SCAN:
+    raise tie_errors.bad_in_scan(in_scan, api, IN_SCAN)
+  return in_scan
+
+
 class ByIdentity:
   """A view that cannot be hashed, as a key: the one object, kept alive here.
 
@@ -212,7 +228,7 @@ class ByIdentity:
 
 @functools.lru_cache(maxsize=1024)
 def _normalized(items, collections, declared_at: Path,
-                sep: str) -> tuple[Tie, ...]:
+                sep: str, in_scan: str) -> tuple[Tie, ...]:
   """:func:`absolute` of ``ties.items()``; the same ties give the same records.
 
   Memoized: a module declares its ties each time it is bound (every ``init``,
@@ -238,7 +254,7 @@ def _normalized(items, collections, declared_at: Path,
     raw[target] = (source, view, target_text)
   return tuple(
       Tie(target, source, col_filter, view, tuple(declared_at), sep=sep,
-          declared_in=items)
+          declared_in=items, in_scan=in_scan)
       for target, (source, view, _) in raw.items())
 
 
@@ -285,7 +301,8 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
                       > len(tie.source) else (tie.source, tie.target))
       raise tie_errors.ancestor(tie, inner, outer)
     known = by_target.setdefault(tie.target, tie)
-    if (known.source, known.view) != (tie.source, tie.view):
+    if (known.source, known.view, known.in_scan) != (
+        tie.source, tie.view, tie.in_scan):
       others.append(tie)
 
   owner = Form(tuple(by_target.values())).covering  # (the longest prefix)
@@ -332,6 +349,8 @@ def compose(ties: tuple[Tie, ...]) -> tuple[Tie, ...]:
     if found != (known.source, known.view):
       raise tie_errors.two_sources(tie.target, (known.source, known.raw),
                                    (found[0], tie))
+    if tie.in_scan != known.in_scan:
+      raise tie_errors.two_in_scans(known.raw, tie)
 
   # A target holds the tied paths of its source tied alike.
   for _ in range(len(resolved) + 1):

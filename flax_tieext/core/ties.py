@@ -180,11 +180,12 @@ def tie_at(scope, path: Path, col: str) -> Tie | None:
 
 
 def declare(scope, ties: Mapping[str, Any], collections: Any = 'params',
-            stacked=()) -> tuple[Tie, ...]:
+            stacked=(), in_scan: str = 'broadcast') -> tuple[Tie, ...]:
   """Puts ``ties`` in force at ``scope`` and every scope derived from it.
 
-  ``ties`` and ``collections`` are what ``lift.tie`` takes; ``stacked``, more
-  such pairs declared with them (stacked ``nn.tie`` classes). Their records
+  ``ties``, ``collections`` and ``in_scan`` are what ``lift.tie`` takes;
+  ``stacked``, more such triples declared with them (stacked ``nn.tie``
+  classes). Their records
   (``tie_spec.absolute``) are returned. ``scope`` is changed in place, as its
   constructor would have set it. A tie equal to one in force is
   kept (declaring again is a no-op). The ties in force are checked together
@@ -192,8 +193,8 @@ def declare(scope, ties: Mapping[str, Any], collections: Any = 'params',
   target in force another source, or closes a cycle with them, raises a
   ``TieError``.
   """
-  records = sum([absolute(t, c, scope.path)
-                 for t, c in (*stacked, (ties, collections))], ())
+  records = sum([absolute(t, c, scope.path, in_scan=s)
+                 for t, c, s in (*stacked, (ties, collections, in_scan))], ())
   present = in_force(scope)
   declared = present.declared if present is not None else ()
   known = set(map(id, declared))  # absolute gives the same records again

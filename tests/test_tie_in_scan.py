@@ -1,0 +1,320 @@
+"""``in_scan``: how a tie source outside an ``nn.scan`` enters the loop.
+
+``'broadcast'`` (the default) reads the source as a loop invariant, as Flax's
+``variable_broadcast`` does; ``'scanned'`` broadcasts it to the stack's
+length before the loop and scans over it, as the stack's own variables are
+(``variable_axes``), the form that can run faster on an accelerator at large
+batch sizes (docs/scaling.md). Reference semantics, for each: the untied
+stack given the source's values in every layer, written as a user writes it
+by hand (``broadcast_by_hand``): the same outputs and gradients (the
+broadcast's transpose sums them), and for ``'scanned'`` the same loop: the
+source is one of the scan's scanned inputs, never a closed-over constant.
+"""
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tie_models import (assert_message_names, assert_says_how_to_fix,
+                        assert_trees_close, assert_trees_equal)
+
+import flax_tieext
+from flax_tieext import TieError
+
+needs_patch = pytest.mark.needs_patch
+installs_patch = pytest.mark.installs_patch
+
+N, D = 3, 4
+X = jnp.linspace(-1.0, 1.0, 2 * D).reshape(2, D)
+
+
+class Layer(nn.Module):
+  """A scan body: its ``attn`` is the tie's target."""
+
+  @nn.compact
+  def __call__(self, x, _):
+    h = jnp.tanh(nn.Dense(D, name='attn')(x))
+    return x + nn.Dense(D, name='ff')(h), None
+
+
+def stacked(layer=Layer, axis=0, length=N, **scan_kwargs):
+  """An encoder: ``attn`` (the source) then ``nn.scan(nn.remat(layer))``."""
+
+  class Encoder(nn.Module):
+    untied: bool = False
+
+    @nn.compact
+    def __call__(self, x, xs=None):
+      if not self.untied and self.is_initializing():
+        nn.Dense(D, name='attn')(x)
+      stack = nn.scan(nn.remat(layer), variable_axes={'params': axis},
+                      split_rngs={'params': True}, length=length,
+                      **scan_kwargs)
+      x, _ = stack(name='layers')(x, xs)
+      return x
+
+  return Encoder
+
+
+def tied(encoder, in_scan):
+  return nn.tie(encoder, {'layers/attn': 'attn'}, in_scan=in_scan)()
+
+
+def broadcast_by_hand(encoder, axis=0):
+  """The untied stack, given ``attn`` in every layer by the user's step."""
+  untied = encoder(untied=True)
+
+  def apply(variables, x, xs=None):
+    params = dict(variables['params'])
+    attn = params.pop('attn')
+    params['layers'] = {**params['layers'], 'attn': jax.tree_util.tree_map(
+        lambda w: jnp.repeat(jnp.expand_dims(w, axis), N, axis), attn)}
+    return untied.apply({**variables, 'params': params}, x, xs)
+
+  return apply
+
+
+def loss_and_grads(apply, variables, *args):
+  return jax.value_and_grad(lambda v: jnp.sum(apply(v, *args) ** 2))(variables)
+
+
+def scan_inputs(apply, variables, *args):
+  """``(closed-over shapes, scanned shapes)`` of the gradient's scans.
+
+  Both loops: the forward one and its transpose.
+  """
+  grad = jax.grad(lambda v: jnp.sum(apply(v, *args) ** 2))
+  jaxpr = jax.make_jaxpr(grad)(variables)
+  consts, xs = [], []
+  for scan in [e for e in jaxpr.eqns if e.primitive.name == 'scan']:
+    n, carry = scan.params['num_consts'], scan.params['num_carry']
+    shapes = [tuple(v.aval.shape) for v in scan.invars]
+    consts += shapes[:n]
+    xs += shapes[n + carry:]
+  return sorted(consts), sorted(xs)
+
+
+@needs_patch
+@pytest.mark.parametrize('axis', [0, 1])
+@pytest.mark.parametrize('in_scan', ['broadcast', 'scanned'])
+def test_each_way_in_computes_the_untied_stack_given_the_source_by_hand(
+    in_scan, axis):
+  encoder = stacked(axis=axis)
+  model = tied(encoder, in_scan)
+  variables = model.init(jax.random.key(0), X)
+  assert sorted(variables['params']) == ['attn', 'layers']
+  assert 'attn' not in variables['params']['layers']  # stored once
+  loss, grads = loss_and_grads(model.apply, variables, X)
+  ref_loss, ref_grads = loss_and_grads(broadcast_by_hand(encoder, axis),
+                                       variables, X)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  assert_trees_close(grads, ref_grads)
+
+
+@needs_patch
+def test_init_stores_the_same_variables_either_way():
+  encoder = stacked()
+  by_default = tied(encoder, 'broadcast').init(jax.random.key(0), X)
+  scanned = tied(encoder, 'scanned').init(jax.random.key(0), X)
+  assert_trees_equal(scanned, by_default)
+
+
+@needs_patch
+def test_scanned_source_is_a_scanned_input_of_the_loop_as_by_hand():
+  """The fast form: sliced per layer, never a loop-invariant constant."""
+  encoder = stacked()
+  variables = tied(encoder, 'broadcast').init(jax.random.key(0), X)
+  kernel, bias = (D, D), (D,)
+
+  consts, xs = scan_inputs(tied(encoder, 'scanned').apply, variables, X)
+  by_hand = scan_inputs(broadcast_by_hand(encoder), variables, X)
+  assert (consts, xs) == by_hand
+  assert kernel not in consts and bias not in consts
+  assert (N, *kernel) in xs and (N, *bias) in xs
+
+  consts, xs = scan_inputs(tied(encoder, 'broadcast').apply, variables, X)
+  assert kernel in consts and bias in consts  # the loop invariant
+
+
+class LayerOverInputs(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, x_i):
+    h = jnp.tanh(nn.Dense(D, name='attn')(x + x_i))
+    return x + nn.Dense(D, name='ff')(h), None
+
+
+@needs_patch
+def test_the_length_is_the_scanned_inputs_when_the_scan_is_not_given_one():
+  encoder = stacked(LayerOverInputs, length=None)
+  xs = jnp.stack([X * (i + 1) for i in range(N)])
+  model = tied(encoder, 'scanned')
+  variables = model.init(jax.random.key(0), X, xs)
+  _, scanned = scan_inputs(model.apply, variables, X, xs)
+  assert (N, D, D) in scanned
+  assert_trees_close(loss_and_grads(model.apply, variables, X, xs),
+                     loss_and_grads(broadcast_by_hand(encoder), variables, X,
+                                    xs))
+
+
+@needs_patch
+def test_partitioned_source_gets_the_stack_axis_name_and_back():
+  """A boxed source is broadcast with its metadata, as the stack's own are."""
+
+  class Partitioned(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, _):
+      dense = lambda name: nn.Dense(D, name=name, kernel_init=(
+          nn.with_partitioning(nn.initializers.lecun_normal(), ('a', 'b'))))
+      return x + dense('ff')(jnp.tanh(dense('attn')(x))), None
+
+  class Encoder(nn.Module):
+    untied: bool = False
+
+    @nn.compact
+    def __call__(self, x, xs=None):
+      if not self.untied and self.is_initializing():
+        nn.Dense(D, name='attn', kernel_init=nn.with_partitioning(
+            nn.initializers.lecun_normal(), ('a', 'b')))(x)
+      stack = nn.scan(nn.remat(Partitioned), variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=N,
+                      metadata_params={nn.PARTITION_NAME: 'layers'})
+      return stack(name='layers')(x, xs)[0]
+
+  variables = tied(Encoder, 'scanned').init(jax.random.key(0), X)
+  box = variables['params']['attn']['kernel']
+  assert isinstance(box, nn.Partitioned) and box.names == ('a', 'b')
+  assert variables['params']['layers']['ff']['kernel'].names == (
+      'layers', 'a', 'b')
+  out = tied(Encoder, 'scanned').apply(variables, X)
+  ref = tied(Encoder, 'broadcast').apply(variables, X)
+  np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+@needs_patch
+def test_a_collection_the_scan_does_not_scan_is_read_as_a_loop_invariant():
+  """``in_scan='scanned'`` applies where the scan scans the collection."""
+  encoder = stacked()
+
+  class Broadcast(nn.Module):  # every layer of the stack shares its params
+
+    @nn.compact
+    def __call__(self, x):
+      nn.Dense(D, name='attn')(x)
+      stack = nn.scan(nn.remat(Layer), variable_broadcast='params',
+                      split_rngs={'params': False}, length=N)
+      return stack(name='layers')(x, None)[0]
+
+  for model_cls in (Broadcast,):
+    model = tied(model_cls, 'scanned')
+    variables = model.init(jax.random.key(0), X)
+    consts, _ = scan_inputs(model.apply, variables, X)
+    assert (D, D) in consts
+    np.testing.assert_allclose(model.apply(variables, X),
+                               tied(model_cls, 'broadcast').apply(variables, X),
+                               rtol=1e-6)
+  del encoder
+
+
+@needs_patch
+@pytest.mark.parametrize('api', ['nn.tie', 'lift.tie'])
+@pytest.mark.parametrize('value', ['stacked', None, True])
+def test_an_unknown_in_scan_is_refused_at_the_declaration(api, value):
+  with pytest.raises(TieError) as info:
+    if api == 'nn.tie':
+      nn.tie(stacked(), {'layers/attn': 'attn'}, in_scan=value)
+    else:
+      flax.core.lift.tie(lambda scope: None, {'b': 'a'}, in_scan=value)
+  message = str(info.value)
+  assert_message_names(message, f'{api}(', f'in_scan={value!r}',
+                       "'broadcast'", "'scanned'")
+
+
+@needs_patch
+def test_one_tie_declared_with_two_in_scans_is_refused():
+  once = nn.tie(stacked(), {'layers/attn': 'attn'}, in_scan='scanned')
+  twice = nn.tie(once, {'layers/attn': 'attn'})
+  with pytest.raises(TieError) as info:
+    twice().init(jax.random.key(0), X)
+  message = str(info.value)
+  assert_message_names(message, '/layers/attn', '/attn',
+                       "in_scan='scanned'", "in_scan='broadcast'")
+  assert_says_how_to_fix(message)
+
+
+class Counter(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    count = self.variable('state', 'count', jnp.zeros, ())
+    if self.is_mutable_collection('state') and not self.is_initializing():
+      count.value = count.value + 1
+    return x + count.value
+
+
+class CounterLayer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, _):
+    return Counter(name='counter')(x), None
+
+
+class CountingStack(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = Counter(name='src')(x)
+    stack = nn.scan(CounterLayer, variable_axes={'state': 0, 'params': 0},
+                    split_rngs={'params': True}, length=N)
+    return stack(name='stack')(x, None)[0]
+
+
+@needs_patch
+def test_a_write_to_a_scanned_source_is_refused_naming_the_scan():
+  def model(in_scan):
+    return nn.tie(CountingStack, {'stack/counter': 'src'},
+                  collections='state', in_scan=in_scan)()
+
+  variables = model('scanned').init(jax.random.key(0), X)
+  assert list(variables['state']) == ['src']
+  variables = {'state': {'src': {'count': jnp.array(2.0)}}}
+  np.testing.assert_allclose(model('scanned').apply(variables, X),
+                             model('broadcast').apply(variables, X))
+  np.testing.assert_allclose(model('scanned').apply(variables, X), X + 8.0,
+                             rtol=1e-6)
+  with pytest.raises(TieError) as info:
+    model('scanned').apply(variables, X, mutable=['state'])
+  assert_message_names(str(info.value), '/stack/counter', '/src', "'state'",
+                       'scan')
+  assert_says_how_to_fix(str(info.value))
+
+
+@installs_patch
+def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
+  flax_tieext.uninstall()
+  try:
+    encoder = stacked()  # nn.scan applied now takes Flax's own lift.scan
+    layers = nn.scan(nn.remat(Layer), variable_axes={'params': 0},
+                     split_rngs={'params': True}, length=N)
+  finally:
+    flax_tieext.install()
+
+  class Encoder(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      nn.Dense(D, name='attn')(x)
+      return layers(name='layers')(x, None)[0]
+
+  variables = tied(Encoder, 'broadcast').init(jax.random.key(0), X)
+  with pytest.raises(TieError) as info:
+    tied(Encoder, 'scanned').apply(variables, X)
+  message = str(info.value)
+  assert_message_names(message, '/layers/attn', "in_scan='scanned'",
+                       'import flax_tieext', "in_scan='broadcast'")
+  assert_says_how_to_fix(message)
+  del encoder
