@@ -407,10 +407,21 @@ def count(f):
     sys.setprofile(None)
   return calls[0]
 
+class Layer(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return Block()(x), None
+
+class Scanned(nn.Module):  # one trace of the body, whatever the length
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(nn.remat(Layer), variable_axes={{'params': 0}},
+                    split_rngs={{'params': True}}, length=8)
+    return stack(name='layers')(x, None)[0]
+
 x = jnp.ones((1, 8))
 out = {{}}
-for n in {sizes}:
-  m = Model(n)
+for n, m in [*((n, Model(n)) for n in {sizes}), ('scan', Scanned())]:
   v = m.init(jax.random.key(0), x)  # warm
   out[n] = [count(lambda: m.init(jax.random.key(0), x)),
             count(lambda: jax.make_jaxpr(jax.grad(
