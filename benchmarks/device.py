@@ -509,6 +509,8 @@ def _variants(size: Size) -> dict[str, tuple[str, Callable[[], tuple]]]:
           Scanned(size, 'variable_broadcast'), size)),
       'scan_broadcast_before': ('tied weights broadcast to a stack before the scan',
                                 lambda: broadcast_before_scan(size)),
+      'scan_tie_scanned': ("tied, `in_scan='scanned'`", lambda: _linen(
+          nn.tie(Scanned, SCAN_TIES, in_scan='scanned')(size, 'tie'), size)),
       'scan_tie_no_cse': ('tied, `prevent_cse=False`', lambda: _linen(
           nn.tie(Scanned, SCAN_TIES)(size, 'tie', prevent_cse=False), size)),
       'scan_untied_no_cse': ('untied, `prevent_cse=False`', lambda: _linen(
@@ -526,7 +528,8 @@ GROUPS = {
             [('nnx_graph', 'nnx_tree')]),
     'scan': ('`nn.scan(nn.remat(Layer))`: ways to put one attention in every layer',
              [('scan_untied', 'scan_tie'), ('scan_untied', 'scan_variable_broadcast'),
-              ('scan_untied', 'scan_broadcast_before')]),
+              ('scan_untied', 'scan_broadcast_before'),
+              ('scan_untied', 'scan_tie_scanned')]),
     'prevent_cse': ('`prevent_cse=False` on the checkpoint inside the scan',
                     [('scan_tie', 'scan_tie_no_cse'),
                      ('scan_untied', 'scan_untied_no_cse')]),
