@@ -779,7 +779,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   measured = measure_groups(args.only, size, args.rounds, args.warmup, args.hlo_dir)
   previous = json.loads(args.out.read_text()) if args.out.exists() else {}
   meta = _meta(size, args.rounds, args.warmup)
+  for group in measured['groups'].values():
+    group['date'] = meta['date']
   if all(previous.get('meta', {}).get(k) == meta[k] for k in ('size', 'device', 'layers')):
+    for group in previous['groups'].values():  # each group keeps its date
+      group.setdefault('date', previous['meta']['date'])
     measured['groups'] = {**previous['groups'], **measured['groups']}
     measured['variants'] = {**previous['variants'], **measured['variants']}
   args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -359,6 +359,9 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
   """The ``Accelerator`` section, from ``benchmarks/device_results.json``."""
   meta, groups, variants = data['meta'], data['groups'], data['variants']
   size = meta['size']
+  # Groups measured in separate runs of one device and size keep their dates.
+  dates = sorted({g.get('date', meta['date']) for g in groups.values()})
+  when = dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}'
   peak_keys = sorted({v['peak_key'] for v in variants.values() if v.get('peak_key')})
   lines = [
       heading,
@@ -366,7 +369,7 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
       '<!-- From benchmarks/device_results*.json, written by benchmarks/device.py'
       ' (nox -s bench -- --device). -->',
       '',
-      f'Measured {meta["date"]} on {meta["device"]} ({meta["device_count"]}'
+      f'Measured {when} on {meta["device"]} ({meta["device_count"]}'
       f' device(s)): jax {meta["jax"]}, flax {meta["flax"]}, Python'
       f' {meta["python"]}. One jitted Adam train step (loss, gradient, update;'
       f' state donated), {meta["dtype"]}: vocabulary {size["vocab"]},'
@@ -393,7 +396,8 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
   order = ('albert', 'equinox', 'nnx', 'scan', 'prevent_cse')
   for _, group in sorted(groups.items(), key=lambda kv: (
       order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
-    lines += [f'**{group["title"]}**', '']
+    dated = f' (measured {group["date"]})' if len(dates) > 1 else ''
+    lines += [f'**{group["title"]}**{dated}', '']
     if 'skipped' in group:
       lines += [f'Skipped: {group["skipped"]}', '']
       continue

@@ -34,6 +34,8 @@ What wraps what when a tie is made, outermost first:
                             ``flax_tieext.lift.tie``, which has no guard
 ``Scope``'s methods,        the hooks of :func:`_machinery_bindings`, one per
 ``lift._partial_pack``      method, each over Flax's own
+``lift.scan``               :func:`_scan`: each call records its length and
+                            axes' arguments, for a source scanned over
 ==========================  ===================================================
 """
 
