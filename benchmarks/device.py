@@ -300,6 +300,45 @@ class Scanned(nn.Module):
 
 
 SCAN_TIES = {'layers/attn': 'attn'}
+VMAP_TIES = {'branches/attn': 'attn'}
+BRANCHES = 4  # the vmapped stack's width
+
+
+class Vmapped(nn.Module):
+  """``BRANCHES`` rematted blocks side by side (``nn.vmap``), averaged.
+
+  ``mode``: ``'untied'`` (every branch its own attention, stacked) or
+  ``'tie'`` (an ``attn`` at the model, the source of ``branches/attn``).
+  """
+
+  size: Size
+  mode: str = 'untied'
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = _embed(self, tokens, self.size)
+    if self.mode == 'tie' and self.is_initializing():
+      Attention(self.size, name='attn')(x[:, :1])  # creates the tie's source
+    branches = nn.vmap(nn.remat(Block), variable_axes={'params': 0},
+                       split_rngs={'params': True}, in_axes=None, out_axes=0,
+                       axis_size=BRANCHES)
+    x = branches(self.size, name='branches')(x).mean(axis=0)
+    return _logits(self, x, self.size)
+
+
+def broadcast_before_vmap(size: Size):
+  """The tied layout, broadcast to the ``BRANCHES`` before the vmap."""
+  untied = Vmapped(size, 'untied')
+  tied = nn.tie(Vmapped, VMAP_TIES)(size, 'tie')
+
+  def apply_fn(variables, tokens):
+    params = dict(variables['params'])
+    attn = params.pop('attn')
+    params['branches'] = {**params['branches'], 'attn': jax.tree_util.tree_map(
+        lambda w: jnp.broadcast_to(w, (BRANCHES, *w.shape)), attn)}
+    return untied.apply({'params': params}, tokens)
+
+  return _linen(tied, size, apply_fn)
 
 
 def _albert_ties(size: Size) -> dict[str, str]:
@@ -511,6 +550,12 @@ def _variants(size: Size) -> dict[str, tuple[str, Callable[[], tuple]]]:
                                 lambda: broadcast_before_scan(size)),
       'scan_tie_scanned': ("tied, `in_scan='scanned'`", lambda: _linen(
           nn.tie(Scanned, SCAN_TIES, in_scan='scanned')(size, 'tie'), size)),
+      'vmap_untied': (f'untied, {BRANCHES} branches', lambda: _linen(
+          Vmapped(size, 'untied'), size)),
+      'vmap_tie': ('one attention tied into every branch (`nn.tie`)', lambda: _linen(
+          nn.tie(Vmapped, VMAP_TIES)(size, 'tie'), size)),
+      'vmap_broadcast_before': ('tied weights broadcast to the branches before the vmap',
+                                lambda: broadcast_before_vmap(size)),
       'scan_tie_no_cse': ('tied, `prevent_cse=False`', lambda: _linen(
           nn.tie(Scanned, SCAN_TIES)(size, 'tie', prevent_cse=False), size)),
       'scan_untied_no_cse': ('untied, `prevent_cse=False`', lambda: _linen(
@@ -530,6 +575,8 @@ GROUPS = {
              [('scan_untied', 'scan_tie'), ('scan_untied', 'scan_variable_broadcast'),
               ('scan_untied', 'scan_broadcast_before'),
               ('scan_untied', 'scan_tie_scanned')]),
+    'vmap': (f'`nn.vmap(nn.remat(Block))`: one attention in each of {BRANCHES} branches',
+             [('vmap_untied', 'vmap_tie'), ('vmap_untied', 'vmap_broadcast_before')]),
     'prevent_cse': ('`prevent_cse=False` on the checkpoint inside the scan',
                     [('scan_tie', 'scan_tie_no_cse'),
                      ('scan_untied', 'scan_untied_no_cse')]),

@@ -393,7 +393,7 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
   ]
   # One narrow table per group (docs/screenshots.py: a table fits the column
   # and no word breaks inside a cell): the spreads are in the JSON.
-  order = ('albert', 'equinox', 'nnx', 'scan', 'prevent_cse')
+  order = ('albert', 'equinox', 'nnx', 'scan', 'vmap', 'prevent_cse')
   for _, group in sorted(groups.items(), key=lambda kv: (
       order.index(kv[0]) if kv[0] in order else len(order), kv[0])):
     dated = f' (measured {group["date"]})' if len(dates) > 1 else ''
