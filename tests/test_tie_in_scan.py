@@ -90,9 +90,20 @@ def scan_inputs(apply, variables, *args):
   over enters with the stack's length in front.
   """
   grad = jax.grad(lambda v: jnp.sum(apply(v, *args) ** 2))
-  jaxpr = jax.make_jaxpr(grad)(variables)
-  return sorted(tuple(v.aval.shape) for e in jaxpr.eqns
-                if e.primitive.name == 'scan' for v in e.invars)
+  shapes = []
+
+  def walk(jaxpr):  # into jit and the like, whose jaxprs are parameters
+    for e in jaxpr.eqns:
+      if e.primitive.name == 'scan':
+        shapes.extend(tuple(v.aval.shape) for v in e.invars)
+      for param in e.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          sub = getattr(sub, 'jaxpr', sub)
+          if hasattr(sub, 'eqns'):
+            walk(sub)
+
+  walk(jax.make_jaxpr(grad)(variables).jaxpr)
+  return sorted(shapes)
 
 
 @needs_patch
@@ -311,3 +322,55 @@ def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
                        'import flax_tieext', "in_scan='broadcast'")
   assert_says_how_to_fix(message)
   del encoder
+
+
+@needs_patch
+def test_lift_tie_takes_in_scan_as_nn_tie_does():
+  """The core API: ``lift.tie(..., in_scan='scanned')`` around ``lift.scan``."""
+  from flax.core import apply, init, lift  # pylint: disable=g-import-not-at-top
+  from flax.core import nn as core_nn  # pylint: disable=g-import-not-at-top
+
+  def body(scope, c, _):
+    return c + scope.child(core_nn.dense, 'attn')(c, D), None
+
+  def model(scope, x):
+    scope.child(core_nn.dense, 'attn')(x, D)
+    stack = lift.scan(body, variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=N)
+    return stack(scope.push('layers'), x, None)[0]
+
+  outs = {}
+  for in_scan in ('broadcast', 'scanned'):
+    tied = lift.tie(model, {'layers/attn': 'attn'}, in_scan=in_scan)
+    y, variables = init(tied)(jax.random.key(0), X)
+    assert 'attn' not in variables['params'].get('layers', {})
+    loss = lambda v, tied=tied: jnp.sum(apply(tied)(v, X) ** 2)
+    outs[in_scan] = (y, *jax.value_and_grad(loss)(variables),
+                     scan_inputs(lambda v, x, tied=tied: apply(tied)(v, x),
+                                 variables, X))
+  assert_trees_close(outs['scanned'][:3], outs['broadcast'][:3])
+  assert (N, D, D) in outs['scanned'][3] and (D, D) not in outs['scanned'][3]
+  assert (D, D) in outs['broadcast'][3]
+
+
+@needs_patch
+def test_a_jitted_stack_traces_each_way_in_once_and_apart():
+  """``nn.jit`` keys its traces on the ties inside, ``in_scan`` included."""
+
+  class Encoder(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      nn.Dense(D, name='attn')(x)
+      stack = nn.jit(nn.scan(nn.remat(Layer), variable_axes={'params': 0},
+                             split_rngs={'params': True}, length=N))
+      return stack(name='layers')(x, None)[0]
+
+  variables = tied(Encoder, 'broadcast').init(jax.random.key(0), X)
+  for in_scan, invariant in (('broadcast', True), ('scanned', False)):
+    model = tied(Encoder, in_scan)
+    shapes = scan_inputs(model.apply, variables, X)
+    assert ((D, D) in shapes) is invariant, (in_scan, shapes)
+    np.testing.assert_allclose(model.apply(variables, X),
+                               tied(Encoder, 'broadcast').apply(variables, X),
+                               rtol=1e-6)
