@@ -374,3 +374,15 @@ def test_a_jitted_stack_traces_each_way_in_once_and_apart():
     np.testing.assert_allclose(model.apply(variables, X),
                                tied(Encoder, 'broadcast').apply(variables, X),
                                rtol=1e-6)
+
+
+@needs_patch
+def test_a_scan_without_a_length_raises_flax_s_own_error():
+  encoder = stacked(length=None)  # and nothing scanned over: Flax refuses it
+  variables = tied(stacked(), 'broadcast').init(jax.random.key(0), X)
+  errors = []
+  for in_scan in ('broadcast', 'scanned'):
+    with pytest.raises(ValueError) as info:
+      tied(encoder, in_scan).apply(variables, X)
+    errors.append(str(info.value))
+  assert errors[0] == errors[1] and 'length' in errors[0]

@@ -88,11 +88,14 @@ class ScanCall(NamedTuple):
   xs: tuple  # the call's scanned inputs (after the carry)
 
   def stacking(self):
-    """``(length, {collection filter: in axis}, metadata_params)``.
+    """``(length, variable_broadcast, variable_carry, axes, metadata_params)``.
 
-    Flax's own rules (``lift.scan``'s ``inner``): the length is ``length`` or
-    that of the scanned inputs; a collection is scanned when no
-    ``variable_broadcast`` or ``variable_carry`` filter takes it first.
+    ``axes``: ``{collection filter: in axis}`` of ``variable_axes``, in the
+    order of the scanned groups. Flax's own rules (``lift.scan``'s
+    ``inner``): the length is ``length`` or that of the scanned inputs (None
+    where they disagree or there are none: Flax raises then); a collection is
+    scanned when no ``variable_broadcast`` or ``variable_carry`` filter takes
+    it first.
     """
     bound = inspect.signature(self.scan).bind(*self.args, **self.kwargs)
     bound.apply_defaults()
@@ -400,6 +403,8 @@ def _stacked(variable_groups, indices, call: ScanCall):
   the order of ``variable_axes``; each group holds one entry per scope.
   """
   length, _, _, axes, metadata_params = call.stacking()
+  if length is None:
+    return variable_groups  # scan raises its own error on its length
   groups = list(variable_groups)
   for k, axis in enumerate(axes.values()):
     group = list(groups[2 + k])
