@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import contextvars
+import functools
 import inspect
 from typing import Any, NamedTuple
 
@@ -72,21 +73,23 @@ class Lifted(NamedTuple):
   scanned: bool = False  # broadcast to the scan's length (in_scan='scanned')
 
 
-class ScanCall(NamedTuple):
+class ScanCall:
   """One call of a ``lift.scan`` function, as the plugin's ``lift.scan`` saw it.
 
   Upstream, ``scan``'s ``inner`` hands the length it computes, and its
   variable axes, to the tie sources it packs; the plugin's ``lift.scan``
   records its arguments and each call's inputs (:data:`SCAN_CALL`), which
-  ``_partial_pack`` reads for the same ``scope_tree``.
+  ``_partial_pack`` reads for the same ``scope_tree``. Only a source scanned
+  over reads :attr:`stacking`, once per call.
   """
 
-  scope_tree: Any
-  scan: Any  # Flax's lift.scan
-  args: tuple  # lift.scan's arguments
-  kwargs: dict
-  xs: tuple  # the call's scanned inputs (after the carry)
+  def __init__(self, scope_tree, scan, args: tuple, kwargs: dict, xs: tuple):
+    self.scope_tree = scope_tree
+    self.scan = scan  # Flax's lift.scan
+    self.args, self.kwargs = args, kwargs  # lift.scan's arguments
+    self.xs = xs  # the call's scanned inputs (after the carry)
 
+  @functools.cached_property
   def stacking(self):
     """``(length, variable_broadcast, variable_carry, axes, metadata_params)``.
 
@@ -126,7 +129,7 @@ def _scanned_collections(tie, scope, call: ScanCall | None):
   """``{collection: in axis}`` of the tied collections ``call`` scans."""
   if call is None:
     raise tie_errors.scan_not_recorded(tie, scope.path_text)
-  _, broadcast, carry, axes, _ = call.stacking()
+  _, broadcast, carry, axes, _ = call.stacking
   found = {}
   for col in visible_collections(scope):
     if not tie.applies_to(col) or in_filter(broadcast, col) or in_filter(
@@ -402,7 +405,7 @@ def _stacked(variable_groups, indices, call: ScanCall):
   Scan's groups are ``(broadcast, carry, *scanned)``, the scanned ones in
   the order of ``variable_axes``; each group holds one entry per scope.
   """
-  length, _, _, axes, metadata_params = call.stacking()
+  length, _, _, axes, metadata_params = call.stacking
   if length is None:
     return variable_groups  # scan raises its own error on its length
   groups = list(variable_groups)
