@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from flax.core import axes_scan, meta
 from flax.core.frozen_dict import freeze
-from flax.core.scope import in_filter
+from flax.core.scope import group_collections
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import is_within, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
@@ -125,21 +125,14 @@ class ScanCall:
 SCAN_CALL = contextvars.ContextVar('flax_tieext_scan_call', default=None)
 
 
-def _scanned_collections(tie, scope, call: ScanCall | None):
-  """``{collection: in axis}`` of the tied collections ``call`` scans."""
+def _scanned_collections(tie, scope, call: ScanCall | None) -> list[str]:
+  """The tied collections ``call`` scans, grouped as ``pack`` groups them."""
   if call is None:
     raise tie_errors.scan_not_recorded(tie, scope.path_text)
   _, broadcast, carry, axes, _ = call.stacking
-  found = {}
-  for col in visible_collections(scope):
-    if not tie.applies_to(col) or in_filter(broadcast, col) or in_filter(
-        carry, col):
-      continue
-    for col_filter, axis in axes.items():
-      if in_filter(col_filter, col):
-        found[col] = axis
-        break
-  return found
+  tied = {c: None for c in visible_collections(scope) if tie.applies_to(c)}
+  groups = group_collections(tied, (broadcast, carry, *axes))
+  return [c for group in groups[2:] for c in group]
 
 
 def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
