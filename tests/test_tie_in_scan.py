@@ -386,3 +386,41 @@ def test_a_scan_without_a_length_raises_flax_s_own_error():
       tied(encoder, in_scan).apply(variables, X)
     errors.append(str(info.value))
   assert errors[0] == errors[1] and 'length' in errors[0]
+
+
+@installs_patch
+def test_a_scan_inside_a_recorded_one_never_reads_the_outer_call():
+  """The record of a scan call is its own: kept per call, for its scope tree.
+
+  An inner scan made by Flax's own ``lift.scan`` (before the patch), called
+  inside a scan the patch records, has no record of its own: the outer
+  call's length and axes must not stand in for it.
+  """
+  flax_tieext.uninstall()
+  try:
+    inner = nn.scan(Layer, variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=2)
+  finally:
+    flax_tieext.install()
+
+  class Outer(nn.Module):
+
+    @nn.compact
+    def __call__(self, x, _):
+      return inner(name='inner')(x, None)[0], None
+
+  class Encoder(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      nn.Dense(D, name='attn')(x)
+      stack = nn.scan(Outer, variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=N)
+      return stack(name='outer')(x, None)[0]
+
+  ties = {'outer/inner/attn': 'attn'}
+  variables = nn.tie(Encoder, ties)().init(jax.random.key(0), X)
+  with pytest.raises(TieError) as info:
+    nn.tie(Encoder, ties, in_scan='scanned')().apply(variables, X)
+  assert_message_names(str(info.value), '/outer/inner/attn',
+                       "in_scan='scanned'", 'import flax_tieext')
