@@ -141,6 +141,10 @@ def _bindings() -> list[_Binding]:
       _Binding(nn, 'checkpoint', use(transforms.checkpoint)),
       _Binding(nn, 'remat', use(transforms.remat)),
       # (nn.partitioning.remat and nnx.remat: _ON_IMPORT, once imported.)
+      # ... and nn.scan, which passes on the keywords a scanned remat makes
+      # static (Flax's own scan for every other target).
+      _Binding(linen_transforms, 'scan', use(transforms.scan)),
+      _Binding(nn, 'scan', use(transforms.scan)),
       # static_argnames' diagnostics: the resolver's errors explained.
       _Binding(_static_args.StaticArgs, '__init__', diagnostics.explained_init),
       _Binding(_static_args.StaticArgs, 'apply', diagnostics.explained_apply),

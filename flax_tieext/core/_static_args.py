@@ -197,6 +197,21 @@ class StaticArgs:
             f' this call of {self.display}, with {len(args)} positional'
             ' argument(s).')
 
+  def keywords(self):
+    """The parameters a keyword makes static, if ``static_argnames`` was given.
+
+    ``None`` otherwise (a program written for plain Flax, whose transforms
+    around this one keep plain Flax's meaning), and where the arguments do
+    not bind (the first call reports that, as it does without a caller).
+    """
+    if self.static_argnames == ():
+      return None
+    try:
+      self._bind()
+    except TypeError:
+      return None
+    return frozenset(self.names)
+
   def split(self, args, kwargs):
     """``(static, args, kwargs)``: a call's static and traced arguments."""
     if self.as_flax:

@@ -14,9 +14,9 @@
 
 """Module-level twins of ``flax.linen`` transforms.
 
-``flax_tieext.linen.checkpoint`` / ``remat`` behave exactly as
-``nn.checkpoint`` / ``nn.remat`` do once the patch is installed, whether or
-not it is. ``flax_tieext.linen.tie`` is ``nn.tie``; a tie lives in Flax's
+``flax_tieext.linen.checkpoint`` / ``remat`` / ``scan`` behave exactly as
+``nn.checkpoint`` / ``nn.remat`` / ``nn.scan`` do once the patch is
+installed, whether or not it is. ``flax_tieext.linen.tie`` is ``nn.tie``; a tie lives in Flax's
 scopes, so it needs the patch installed and says so otherwise.
 """
 
@@ -27,6 +27,7 @@ from flax_tieext.linen import partitioning as partitioning
 from flax_tieext.linen import transforms as _transforms
 from flax_tieext.linen.transforms import checkpoint as checkpoint
 from flax_tieext.linen.transforms import remat as remat
+from flax_tieext.linen.transforms import scan as scan
 
 
 def _machinery() -> bool:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import jax
 
+from flax.core import lift as flax_lift
 from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
 from flax.linen.module import _get_unbound_fn
@@ -38,6 +39,7 @@ from flax.linen.module import TestScope
 from flax.linen.transforms import _is_module_class
 from flax.linen.transforms import lift_transform
 from flax.linen.transforms import Target
+from flax.linen import transforms as linen_transforms
 from flax_tieext.core import _static_args
 from flax_tieext.core import lift
 from flax_tieext.core import tie_spec
@@ -89,6 +91,7 @@ def _checkpoint_lift_transform(
   if not _is_module_class(target):  # a method, decorated
     statics = statics_of(target, static_argnums, static_argnames)
     statics.decorated = lift_transform(transform, target, statics, **kwargs)
+    statics.decorated.static_args = statics  # for nn.scan (scan below)
     return statics.decorated
   module_class = target.func if isinstance(target, functools.partial) else target
   if isinstance(methods, dict):
@@ -114,7 +117,13 @@ def _checkpoint_lift_transform(
     for spec in specs:
       spec.group = tuple(specs)
     methods = {m: {**kwargs, 'statics': s} for m, s in zip(names, specs)}
-  return lift_transform(transform, target, methods=methods)
+  transformed = lift_transform(transform, target, methods=methods)
+  transformed_class = (transformed.func if isinstance(transformed, functools.partial)
+                       else transformed)
+  for m, kw in methods.items():
+    # Flax's wrappers copy it (functools.wraps): nn.scan reads it (scan below).
+    vars(transformed_class)[m].static_args = kw['statics']
+  return transformed
 
 
 def checkpoint(
@@ -206,6 +215,119 @@ def checkpoint(
 
 
 remat = checkpoint
+
+# ---------------------------------------------------------------------------
+# section: scan (the static keywords of a scanned remat)
+# ---------------------------------------------------------------------------
+
+_SCAN_NOTE = """
+
+  With flax_tieext: Flax's ``scan`` passes its body positional arguments only
+  (``lift.pack`` drops a keyword with ``RuntimeWarning: kwargs are not
+  supported in scan``). Where a scanned method is a remat given
+  ``static_argnames``, a keyword that the remat makes static reaches every
+  layer, closed over like the remat's other static values; any other keyword
+  of that call raises ``TypeError`` before tracing, saying how to pass it. A
+  target none of whose scanned methods takes ``static_argnames`` is scanned
+  by Flax's own ``scan``, warning included.
+"""
+
+
+def passing_static_keywords(flax_scan):
+  """``flax_scan`` (Flax's ``nn.scan``), passing on a remat's static keywords.
+
+  The remat records its static arguments on the methods it makes
+  (``static_args``, which Flax's wrappers copy); a target whose scanned
+  methods record none is Flax's own scan.
+  """
+  if getattr(flax_scan, 'passes_static_keywords', False):
+    return flax_scan
+  signature = inspect.signature(flax_scan)
+
+  @functools.wraps(flax_scan)
+  def scan(target, *args, **kwargs):
+    try:
+      bound = signature.bind(target, *args, **kwargs)
+    except TypeError:
+      return flax_scan(target, *args, **kwargs)  # Flax's own error
+    methods = bound.arguments.get('methods')
+    keywords = _scanned_static_keywords(target, methods)
+    if not any(keywords.values()):
+      return flax_scan(target, *args, **kwargs)
+    bound.apply_defaults()
+    scan_kwargs = {k: v for k, v in bound.arguments.items()
+                   if k not in ('target', 'methods')}
+    if not _is_module_class(target):  # a method, decorated
+      return lift_transform(_scan_keywords, target, **scan_kwargs,
+                            static_args=keywords[None])
+    if isinstance(methods, dict):  # as upstream, each method's own arguments
+      methods = {m: {**kw, 'static_args': keywords[m]}
+                 for m, kw in methods.items()}
+    else:
+      methods = {m: {**scan_kwargs, 'static_args': keywords[m]}
+                 for m in methods or ['__call__']}
+    return lift_transform(_scan_keywords, target, methods=methods)
+
+  # Flax's signature, without __wrapped__: the patch's docstring edits
+  # (_patch._Use) stay on this copy of Flax's docstring.
+  del scan.__wrapped__
+  scan.__signature__ = signature
+  scan.__doc__ = (flax_scan.__doc__ or '') + _SCAN_NOTE
+  scan.passes_static_keywords = True
+  return scan
+
+
+scan = passing_static_keywords(linen_transforms.scan)
+
+
+def _scanned_static_keywords(target, methods):
+  """``{method name: StaticArgs or None}`` (``{None: ...}`` for a method)."""
+  if not _is_module_class(target):
+    found = {None: getattr(target, 'static_args', None)}
+  else:
+    module_class = target.func if isinstance(target, functools.partial) else target
+    found = {m: getattr(getattr(module_class, m, None), 'static_args', None)
+             for m in (methods if isinstance(methods, (list, tuple, dict))
+                       else ['__call__'])}
+  return {m: s if s is not None and s.keywords() is not None else None
+          for m, s in found.items()}
+
+
+def _scan_keywords(fn, *args, static_args=None, **kwargs):
+  """``lift.scan`` of ``fn``, with the keywords ``static_args`` makes static.
+
+  They are closed over, as the remat closes over its static values; another
+  keyword raises. Without ``static_args``, Flax's ``lift.scan``.
+  """
+  if static_args is None:
+    return flax_lift.scan(fn, *args, **kwargs)
+
+  def scan_fn(scope_tree, *call_args, **call_kwargs):
+    static = static_args.keywords()
+    others = [k for k in call_kwargs if k not in static]
+    if others:
+      raise TypeError(_scan_keyword_error(static_args, others))
+    body = functools.partial(fn, **call_kwargs) if call_kwargs else fn
+    return flax_lift.scan(body, *args, **kwargs)(scope_tree, *call_args)
+
+  return scan_fn
+
+
+_scan_keywords.__name__ = 'scan'  # Flax names the class after it: ScanLayer
+
+
+def _scan_keyword_error(static_args, names):
+  listed = ', '.join(f'`{n}`' for n in names)
+  return (
+      f'nn.scan: {listed} was passed by keyword to {static_args.display},'
+      ' which nn.scan can pass by keyword only what its'
+      f' {static_args.transform} makes static'
+      f' (static_argnames={static_args.given["static_argnames"]!r}): Flax\'s'
+      ' nn.scan passes its body positional arguments only, and would drop'
+      f' {listed} with a RuntimeWarning. Pass it positionally, with in_axes'
+      ' saying how each layer gets it (nn.broadcast: the whole value; an axis:'
+      ' one slice per layer), or, if the layers branch on it in Python, add it'
+      ' to static_argnames.')
 
 # ---------------------------------------------------------------------------
 # section: tie

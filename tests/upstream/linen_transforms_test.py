@@ -153,3 +153,99 @@ class CheckpointStaticArgnamesTest(parameterized.TestCase):
                      methods=['__call__', 'encode'])
     with self.assertRaisesRegex(ValueError, "'mdoe'"):
       rematted().init(random.key(0), x)
+
+
+class ScanOfCheckpointStaticKeywordsTest(parameterized.TestCase):
+  """nn.scan over a remat: the keywords the remat makes static reach every layer."""
+
+  class Layer(nn.Module):
+
+    @nn.compact
+    def __call__(self, c, x, deterministic=False):
+      y = nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(3)(c))
+      return c + y, None
+
+  class DecoratedLayer(nn.Module):
+
+    @nn.remat(static_argnames='deterministic')
+    @nn.compact
+    def __call__(self, c, x, deterministic=False):
+      y = nn.Dropout(0.5, deterministic=deterministic)(nn.Dense(3)(c))
+      return c + y, None
+
+  def stack(self, layer, **kwargs):
+    return nn.scan(layer, variable_axes={'params': 0},
+                   split_rngs={'params': True, 'dropout': True},
+                   in_axes=nn.broadcast, length=3, **kwargs)()
+
+  @parameterized.named_parameters(
+      ('remat_class', lambda layer, _: nn.remat(
+          layer, static_argnames='deterministic'), True),
+      ('remat_class_dropout', lambda layer, _: nn.remat(
+          layer, static_argnames='deterministic'), False),
+      ('remat_methods_list', lambda layer, _: nn.remat(
+          layer, static_argnames='deterministic', methods=['__call__']),
+       True),
+      ('partitioning_remat', lambda layer, _: partitioning.remat(
+          layer, static_argnames='deterministic'), True),
+      ('decorated_method', lambda _, decorated: decorated, True),
+  )
+  def test_static_keyword_reaches_every_layer(self, wrap, deterministic):
+    # The reference: the plain layers, the flag passed positionally
+    # (broadcast, as Flax's nn.scan can pass it).
+    rematted = self.stack(wrap(self.Layer, self.DecoratedLayer))
+    plain = self.stack(self.Layer)
+    c = random.normal(random.key(0), (2, 3))
+    rngs = {'dropout': random.key(2)}
+    variables = plain.init(random.key(1), c, None, True)
+    self.assertEqual(
+        jax.tree.structure(
+            rematted.init(random.key(1), c, None, deterministic=True)),
+        jax.tree.structure(variables))
+
+    def loss(apply, params):
+      (y, _) = apply({'params': params})
+      return y.sum(), y
+
+    (_, y), grad = jax.value_and_grad(lambda p: loss(lambda v: rematted.apply(
+        v, c, None, deterministic=deterministic, rngs=rngs), p), has_aux=True)(
+            variables['params'])
+    (_, expected), expected_grad = jax.value_and_grad(
+        lambda p: loss(lambda v: plain.apply(v, c, None, deterministic,
+                                             rngs=rngs), p),
+        has_aux=True)(variables['params'])
+    np.testing.assert_allclose(y, expected)
+    jax.tree.map(np.testing.assert_allclose, grad, expected_grad)
+
+  def test_other_keyword_is_refused_before_tracing(self):
+    traced = []
+
+    class Layer(nn.Module):
+
+      @nn.compact
+      def __call__(self, c, x, scale=1.0, deterministic=False):
+        traced.append(scale)
+        return c * scale, None
+
+    stack = self.stack(nn.remat(Layer, static_argnames='deterministic'))
+    c = jnp.ones((2, 3))
+    with self.assertRaisesRegex(
+        TypeError, r'`scale` was passed by keyword to Layer\.__call__\(self, c,'
+        r" x, scale=1\.0, deterministic=False\).*static_argnames='deterministic'"
+        r'.*Pass it positionally, with in_axes'):
+      stack.init(random.key(0), c, None, scale=2.0, deterministic=True)
+    self.assertEqual(traced, [])
+
+  @parameterized.named_parameters(
+      ('plain', lambda layer: layer),
+      ('remat', nn.remat),
+      ('remat_static_argnums', lambda layer: nn.remat(layer, static_argnums=3)),
+  )
+  def test_without_static_argnames_keeps_flax_warning(self, wrap):
+    # A program written for plain Flax: its keyword is dropped, as Flax says.
+    stack = self.stack(wrap(self.Layer))
+    with self.assertWarnsRegex(
+        RuntimeWarning,
+        r'^kwargs are not supported in scan, so "deterministic" is\(are\)'
+        r' ignored$'):
+      stack.init(random.key(0), jnp.ones((2, 3)), None, deterministic=True)
