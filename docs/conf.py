@@ -35,6 +35,7 @@ extensions = [
     'sphinx.ext.doctest',
     'sphinx.ext.napoleon',
     'sphinx.ext.viewcode',
+    'sphinx_copybutton',
 ]
 
 source_suffix = {'.md': 'markdown', '.rst': 'restructuredtext'}
@@ -55,6 +56,14 @@ autodoc_member_order = 'bysource'
 # would read `bool | str | Collection[str] | DenyList`).
 autodoc_typehints = 'none'
 autodoc_preserve_defaults = True
+
+# The copy button of a code block copies what pastes into the REPL: the
+# docstrings' examples without their `>>> ` / `... ` prompts and output, a
+# blank `...` line as the empty line that ends an indented block
+# (tests/test_docs_paste.py pastes them so).
+copybutton_prompt_text = r'>>> |\.\.\. |\.\.\.$'
+copybutton_prompt_is_regexp = True
+copybutton_only_copy_prompt_lines = True
 
 doctest_global_setup = '''
 import os

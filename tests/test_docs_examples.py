@@ -16,9 +16,12 @@
 
 * A ```` ```python ```` block runs alone in a fresh interpreter: it must bring
   its own imports and inputs. Its ``assert`` lines are what the text claims.
-* The ```` ```{doctest} ```` blocks of one page run in order in one fresh
+* The ```` ```{testcode} ```` blocks of one page run in order in one fresh
   interpreter, as Sphinx's doctest builder runs them (one session per page),
-  with its default option flags.
+  and what each prints must be the ```` ```{testoutput} ```` block right
+  after it, compared with the builder's default option flags. They show
+  plain code, which a reader copies and pastes as shown (no ``>>>``
+  prompts; tests/test_docs_paste.py pastes them into the REPL).
 * A block that is deliberately a fragment is preceded by the line
   ``<!-- fragment: why -->`` and is not run.
 * A page that needs a module some supported Flax releases lack says so in
@@ -27,14 +30,6 @@
   right above one block says it of that block alone.
 
 Other fences (``text``, ``bash``, directives) are not Python.
-
-Every block also pastes into an interactive interpreter: its lines go, one at
-a time, to ``code.InteractiveConsole`` as a reader types them at the prompt
-(for a doctest block, the text after each ``>>>`` and ``...``). There a
-compound statement ends only at an empty line, so a ``def`` followed straight
-by ``>>> g = ...``, or a blank line inside a function body, is a
-``SyntaxError`` that a script run does not show. The python blocks of a page
-each get a fresh console; its doctest blocks share one, as above.
 
 The docstrings the API page (docs/api.md) shows, which ``help()`` shows too,
 run the same way: each one's examples in order in a fresh interpreter, with
@@ -58,7 +53,8 @@ PAGES = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
 FENCE = re.compile(
     r'^(?P<marker><!-- fragment:[^\n]*-->\n)?'
     r'(?:<!-- requires: (?P<requires>\S+) -->\n)?'
-    r'```(?P<lang>python|\{doctest\})[^\n]*\n(?P<body>.*?)^```\s*$',
+    r'```(?P<lang>python|\{testcode\})[^\n]*\n(?P<body>.*?)^```\s*\n'
+    r'(?:\n```\{testoutput\}\n(?P<output>.*?)^```\s*$)?',
     re.M | re.S,
 )
 
@@ -72,47 +68,22 @@ runner.run(test)
 sys.exit(1 if runner.failures or not runner.tries else 0)
 """
 
-# Reads [[kind, first line, source], ...] from stdin; each block goes, line by
-# line, to an InteractiveConsole (a fresh one per python block, one for all
-# doctest blocks), and each line after it has run. Exits 1 listing what failed.
-_PASTE_INTO_REPL = r"""
-import code, json, sys, traceback
-
-class Console(code.InteractiveConsole):
-  def __init__(self):
-    super().__init__({'__name__': '__main__'})
-    self.errors, self.where = [], None
-  def _record(self, text):
-    self.errors.append(f'{sys.argv[1]}:{self.where}: {text.strip()}')
-  def showsyntaxerror(self, filename=None, **kwargs):
-    self._record(''.join(traceback.format_exception_only(*sys.exc_info()[:2])))
-  def showtraceback(self):
-    self._record(''.join(traceback.format_exception(*sys.exc_info())))
-
-def typed(kind, source):
-  lines = source.splitlines()
-  for n, line in enumerate(lines):
-    if kind == 'python':
-      # A paste keeps a blank line inside an indented block in that block.
-      after = next((l for l in lines[n + 1:] if l.strip()), '')
-      if line.strip() or not after[:1].isspace():
-        yield n, line
-    elif line.startswith(('>>> ', '... ')) or line in ('>>>', '...'):
-      yield n, line[4:]
-
-errors, doctest_console = [], Console()
-for kind, first, source in json.load(sys.stdin):
-  console = Console() if kind == 'python' else doctest_console
-  more = False
-  for n, line in typed(kind, source):
-    if not more:
-      console.where = first + n
-    more = console.push(line)
-  if more:  # the reader presses Enter after the paste
-    console.push('')
-  errors += console.errors
-  console.errors = []
-sys.exit('\n\n'.join(errors) if errors else 0)
+# Reads [[first line, code, output or null], ...] from stdin: runs each
+# {testcode} block of a page in one namespace, as Sphinx's doctest builder
+# does, and compares what it prints with its {testoutput} block.
+_RUN_TESTCODE = """
+import contextlib, doctest, io, json, sys
+flags = doctest.ELLIPSIS | doctest.IGNORE_EXCEPTION_DETAIL | doctest.DONT_ACCEPT_TRUE_FOR_1
+checker, namespace, failed = doctest.OutputChecker(), {'__name__': '__main__'}, []
+for first, code, want in json.load(sys.stdin):
+  where = f'{sys.argv[1]}:{first}'
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    exec(compile(code, where, 'exec'), namespace)
+  got = printed.getvalue()
+  if want is not None and not checker.check_output(want, got, flags):
+    failed.append(f'{where}: printed\\n{got}expected\\n{want}')
+sys.exit('\\n'.join(failed) if failed else 0)
 """
 
 
@@ -128,7 +99,7 @@ def _examples():
     text = page.read_text()
     rel = page.relative_to(ROOT).as_posix()
     marks = _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
-    doctests = []
+    testcode = []
     for match in FENCE.finditer(text):
       if match['marker']:
         continue
@@ -139,32 +110,10 @@ def _examples():
             'python', match['body'], id=f'{rel}:{line}',
             marks=marks + _missing(f'{rel}:{line}', block)))
       else:
-        doctests.append(match['body'])
-    if doctests:
-      params.append(pytest.param('doctest', '\n'.join(doctests), marks=marks,
-                                 id=f'{rel}:doctests'))
-  return params
-
-
-def _pages():
-  """pytest params: (page, [[kind, first line, source], ...]), ids `page`."""
-  params = []
-  for page in PAGES:
-    text = page.read_text()
-    rel = page.relative_to(ROOT).as_posix()
-    if '>>>' not in text and '```python' not in text:
-      continue
-    marks = _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
-    blocks = []
-    for match in FENCE.finditer(text):
-      if match['marker'] or (match['requires'] and not _importable(
-          match['requires'])):
-        continue
-      line = text.count('\n', 0, match.start('body')) + 1
-      blocks.append(['python' if match['lang'] == 'python' else 'doctest',
-                     line, match['body']])
-    if blocks:
-      params.append(pytest.param(rel, blocks, id=rel, marks=marks))
+        testcode.append([line, match['body'], match['output']])
+    if testcode:
+      params.append(pytest.param('testcode', json.dumps(testcode), marks=marks,
+                                 id=f'{rel}:testcode'))
   return params
 
 
@@ -217,17 +166,8 @@ def test_example_runs_pasted_alone(kind, source, request):
   if kind == 'python':
     result = _run(['-'], source)
   else:
-    result = _run(['-c', _RUN_DOCTEST, request.node.callspec.id], source)
+    result = _run(['-c', _RUN_TESTCODE, request.node.callspec.id], source)
   assert result.returncode == 0, f'{result.stdout}\n{result.stderr}'
-
-
-@pytest.mark.needs_patch
-@pytest.mark.parametrize('page, blocks', _pages())
-def test_examples_paste_into_an_interactive_interpreter(page, blocks):
-  result = _run(['-c', _PASTE_INTO_REPL, page], json.dumps(blocks))
-  assert result.returncode == 0, (
-      f'{page}: pasted line by line into an interactive interpreter:\n'
-      f'{result.stderr}')
 
 
 @pytest.mark.needs_patch

@@ -103,7 +103,6 @@ def remat(
     ...   def __init__(self, rngs):
     ...     self.linear = nnx.Linear(3, 3, rngs=rngs)
     ...     self.dropout = nnx.Dropout(0.5, rngs=rngs)
-    ...
     ...   @nnx.remat(static_argnames='deterministic')
     ...   def __call__(self, x, deterministic=False):
     ...     return self.dropout(self.linear(x), deterministic=deterministic)
