@@ -87,6 +87,10 @@ CLIENT_NO_DEPS = ('recurrentgemma==1.0.1',)
 # every test marked end_to_end, a plain `pytest` leaves them out; every
 # session here runs them, with --end-to-end.)
 NEWEST_ONLY = ('tests/test_docs_examples.py', 'tests/test_demo.py')
+# The docs' blocks pasted into the REPL (tests/test_docs_paste.py): what it
+# checks is the REPL of each supported Python (3.11's reads a paste line by
+# line, 3.13's as a whole), so it runs on the newest release of each Python.
+PASTED_ON = tuple({python: v for v, (*_, python) in PINS.items()}.values())
 # The tie property test (tests/test_tie_properties.py) draws 8 examples; the
 # newest release's matrix session draws this many.
 NEWEST_PROPERTY_EXAMPLES = '20'
@@ -202,7 +206,8 @@ def matrix(session, flax):
   _install(session, flax, *_extra('test'), 'absl-py')
   # Every test patched, and each one not marked needs_patch again opted out.
   # tests/distributed runs once, on the newest Flax (nox -s distributed).
-  ignored = ['tests/distributed', *(NEWEST_ONLY if flax != NEWEST else ())]
+  ignored = ['tests/distributed', *(NEWEST_ONLY if flax != NEWEST else ()),
+             *(() if flax in PASTED_ON else ('tests/test_docs_paste.py',))]
   env = {}
   if flax == NEWEST:
     env['DIFFERENTIAL_EXAMPLES'] = NEWEST_DIFFERENTIAL_EXAMPLES
@@ -439,8 +444,14 @@ def _sphinx(session, builder):
 
 @nox.session(python=PYTHONS[NEWEST])
 def docs(session):
-  """The documentation site: Sphinx + MyST, warnings are errors, doctests run."""
-  _install(session, NEWEST, *_extra('docs'), 'pytest')
+  """The documentation site in docs/_build/html: Sphinx + MyST, warnings are errors, doctests run.
+
+  First the quickstart's figure, docs/_static/demo_memory.png, drawn by the
+  demo: where what it shows differs from what the demo draws now, it is
+  drawn anew and the session fails, saying to commit it (docs/demo_figure.py).
+  """
+  _install(session, NEWEST, *_extra('docs'), *_extra('plot'), 'pytest')
+  session.run('python', 'docs/demo_figure.py', 'docs/_static/demo_memory.png')
   shutil.rmtree(DOCS_BUILD, ignore_errors=True)
   _sphinx(session, 'html')
   _sphinx(session, 'doctest')
@@ -493,7 +504,8 @@ def bench(session):
 # README's and the newest release; `nox -s "matrix(<release>)"` by hand runs it
 # all.
 MIDDLE_RELEASE_TESTS = ('upstream', 'test_patch', 'test_transparency', 'test_testing_autopatch',
-                        'test_static_argnames_compat', 'test_nnx', 'test_tie_lifting')
+                        'test_static_argnames_compat', 'test_nnx', 'test_tie_lifting',
+                        'test_docs_paste')  # where PASTED_ON, the REPL of each Python
 
 
 @nox.session(python=False)

@@ -31,7 +31,9 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -267,6 +269,27 @@ def _status(message: str) -> None:
   print(f'{_ACTIVITY.elapsed()} {message}', file=sys.stderr, flush=True)
 
 
+def load_average() -> float | None:
+  """The machine's load average over the last minute (None where unknown)."""
+  try:
+    return os.getloadavg()[0]
+  except OSError:
+    return None
+
+
+def machine(load: float | None) -> str:
+  """``2 CPUs, load average 5.3``: what a time measured here is relative to."""
+  where = f'{os.cpu_count()} CPUs'
+  return where if load is None else f'{where}, load average {load:.1f}'
+
+
+def cpu_seconds() -> float:
+  """User + system CPU seconds of this process and its finished children."""
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 # ---------------------------------------------------------------------------
 # Models and measurements
 # ---------------------------------------------------------------------------
@@ -347,6 +370,13 @@ def _train(variant: Variant, config: t5.T5Config, steps: int,
   tx = optax.adamw(LEARNING_RATE)
   params = variant.variables['params']
   opt_state = tx.init(params)
+  if mesh is not None:
+    # On the mesh from the start, as the update returns it: AdamW's step
+    # count, made on one device, would otherwise make step 2 compile the
+    # update once more, for the sharding step 1 gave it (seconds in a
+    # --processes run, which the step times then showed).
+    opt_state = jax.jit(lambda s: s, out_shardings=NamedSharding(mesh, P()))(
+        opt_state)
 
   @jax.jit
   def update(grads, opt_state, params):
@@ -464,15 +494,20 @@ def _ratio(a: float, b: float) -> str:
   return f'{a / b:.3f}' if b else 'n/a'
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(*sections: list[tuple[str, ...]]) -> str:
+  """Sections of one table: each its header row, underlined, over its rows."""
+  rows = [row for section in sections for row in section]
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   lines = []
-  for n, row in enumerate(rows):
-    cells = [row[0].ljust(widths[0])] + [
-        c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-    lines.append('  '.join(cells).rstrip())
-    if n == 0:
-      lines.append('  '.join('-' * w for w in widths))
+  for section in sections:
+    if lines:
+      lines.append('')
+    for n, row in enumerate(section):
+      cells = [row[0].ljust(widths[0])] + [
+          c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+      lines.append('  '.join(cells).rstrip())
+      if n == 0:
+        lines.append('  '.join('-' * w for w in widths))
   return '\n'.join(lines)
 
 
@@ -495,6 +530,8 @@ class Results:
     loss_difference: ``|loss tied - loss untied|``.
     grad_difference: ``max |grad tied - grad untied|`` over all parameters.
     barriers_kept: whether :func:`measure.keep_remat_on_cpu` took effect.
+    load_training: the load average when training ended (None: unknown).
+    load_timing: the load average when the timed rounds ended.
   """
 
   config: t5.T5Config
@@ -511,6 +548,8 @@ class Results:
   loss_difference: float
   grad_difference: float
   barriers_kept: bool
+  load_training: float | None = None
+  load_timing: float | None = None
 
 
 def report(r: Results) -> str:
@@ -529,17 +568,20 @@ def report(r: Results) -> str:
     median, q1, q3 = r.step_ratios[remat]
     return f'{median:.3f} ({q1:.2f}-{q3:.2f})'
 
-  rows = [
-      ('loss + gradient, dropout off', 'tied (nn.tie)', 'untied reference',
-       'tied/untied'),
-      ("variables stored in 'graph' (count, bytes)",
+  columns = ('tied (nn.tie)', 'untied reference', 'tied/untied')
+  stored = [
+      ('stored variables', *columns),
+      ("in collection 'graph' (count, bytes)",
        _count_bytes(tied_vars['graph']), _count_bytes(untied_vars['graph']),
        _ratio(measure.tree_size(tied_vars['graph'])[1],
               measure.tree_size(untied_vars['graph'])[1])),
-      ('all variables stored (count, bytes)',
+      ('in all collections (count, bytes)',
        _count_bytes(tied_vars), _count_bytes(untied_vars),
        _ratio(measure.tree_size(tied_vars)[1],
               measure.tree_size(untied_vars)[1])),
+  ]
+  compiled = [
+      ('loss + gradient, dropout off', *columns),
       ('compiled temp memory, remat', mib(t_r.stats.temp_bytes),
        mib(u_r.stats.temp_bytes),
        _ratio(t_r.stats.temp_bytes, u_r.stats.temp_bytes)),
@@ -549,9 +591,9 @@ def report(r: Results) -> str:
       ('temp memory remat / no remat',
        _ratio(t_r.stats.temp_bytes, t_n.stats.temp_bytes),
        _ratio(u_r.stats.temp_bytes, u_n.stats.temp_bytes), ''),
-      ('loss + gradient time, remat [1]', ms((True, True)),
+      ('time, remat [1]', ms((True, True)),
        ms((False, True)), noisy_ratio(True) + ' [2]'),
-      ('loss + gradient time, no remat [1]', ms((True, False)),
+      ('time, no remat [1]', ms((True, False)),
        ms((False, False)), noisy_ratio(False) + ' [2]'),
       ('time remat / no remat (medians)',
        _ratio(step_medians[True, True], step_medians[True, False]),
@@ -571,14 +613,17 @@ def report(r: Results) -> str:
       f' {r.losses[0]:.3f} -> {r.losses[-1]:.3f}',
       f'training step (batch, loss + gradient with dropout{all_reduce},'
       f' AdamW update): median {statistics.median(train_ms):.1f} ms,'
-      f' {min(train_ms):.1f}-{max(train_ms):.1f} ms over {which}',
+      f' {min(train_ms):.1f}-{max(train_ms):.1f} ms over {which}'
+      f' ({machine(r.load_training)})',
       '',
-      _table(rows),
+      _table(stored, compiled),
       '',
       f'[1] median (fastest-slowest) of {r.rounds} rounds, each timing the'
-      ' four variants back to back. Loss + gradient alone, dropout off, one'
-      ' process: shorter than the training step above, which also draws the'
-      ' batch, applies dropout and runs the optimizer.',
+      ' four variants back to back, in ms. Loss + gradient alone, dropout'
+      ' off, one process: shorter than the training step above, which also'
+      ' draws the batch, applies dropout and runs the optimizer. Timed on'
+      f' {machine(r.load_timing)}: on a loaded machine the times grow and'
+      ' spread, the ratios stay near 1.',
       f'[2] median (middle half) of the {r.rounds} per-round ratios. Both'
       ' compile to the same computation, the tie only stores the mask once;'
       ' on a shared CPU the spread is the noise of the machine. For the'
@@ -604,8 +649,8 @@ def report(r: Results) -> str:
 
 
 def memory_by_depth(depths: Sequence[int], base: t5.T5Config):
-  """Per depth, for no remat / remat / remat + tie: compiled temp bytes,
-  argument bytes, and the bytes stored in ``graph`` (the masks)."""
+  """Per depth, for no remat / remat / remat + tie: compiled temp bytes, the
+  bytes of all stored variables, and those stored in ``graph`` (the masks)."""
   kinds = {'no remat': (False, False), 'remat': (False, True),
            'remat + tie': (True, True)}
   out = {kind: [] for kind in kinds}
@@ -622,7 +667,7 @@ def memory_by_depth(depths: Sequence[int], base: t5.T5Config):
       _, stats = measure.compile_stats(
           fn, shapes['params'], {'graph': shapes['graph']}, tokens, tokens,
           None)  # dropout off, as in the table
-      out[kind].append((stats.temp_bytes, stats.argument_bytes,
+      out[kind].append((stats.temp_bytes, measure.tree_size(shapes)[1],
                         measure.tree_size(shapes['graph'])[1]))
   return out
 
@@ -632,12 +677,16 @@ def save_plot(path: str, depths: Sequence[int], memory) -> None:
 
   Left: compiled temp memory, which remat cuts and the tie leaves alone.
   Right: the masks stored in ``graph``, which the tie stores once; its title
-  states the whole stored variables, where the difference is small.
+  states all the stored variables, where the difference is small. Sizes are
+  written as the table writes them (``measure.format_bytes``). The PNG's
+  ``Description`` holds what it shows (:func:`figure_data`).
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import text as mtext  # pylint: disable=g-import-not-at-top
 
+  size = measure.format_bytes
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
   mib = lambda kind, i: [v[i] / 2**20 for v in memory[kind]]  # pylint: disable=unnecessary-lambda-assignment
   deepest = depths[-1]
@@ -649,31 +698,28 @@ def save_plot(path: str, depths: Sequence[int], memory) -> None:
             ms=10, label='remat, untied')
   left.plot(depths, mib('remat + tie', 0), 'D:', color='black', lw=1.5, ms=4,
             label='remat + tie (the same as remat, untied)')
-  for kind, color in (('no remat', 'tab:red'), ('remat', 'tab:blue')):
-    value = mib(kind, 0)[-1]
-    left.annotate(f'{value:.2f} MiB', (deepest, value), color=color,
-                  textcoords='offset points', xytext=(-10, 0), ha='right',
-                  va='center')
+  for kind, color, above in (('no remat', 'tab:red', 0),
+                             ('remat', 'tab:blue', 10)):
+    left.annotate(size(memory[kind][-1][0]), (deepest, mib(kind, 0)[-1]),
+                  color=color, textcoords='offset points',
+                  xytext=(-10, above), ha='right', va='center')
   left.set_title('compiled temp memory (activations):\nremat cuts it, the'
                  ' tie leaves it as it is')
 
-  untied_kb = [v[2] / 2**10 for v in memory['remat']]
-  tied_kb = [v[2] / 2**10 for v in memory['remat + tie']]
-  right.plot(depths, untied_kb, 's-', color='tab:blue',
+  untied, tied = ([v[2] for v in memory[k]] for k in ('remat', 'remat + tie'))
+  right.plot(depths, [b / 2**10 for b in untied], 's-', color='tab:blue',
              label='untied: one mask per block (with or without remat)')
-  right.plot(depths, tied_kb, 'D-', color='black',
+  right.plot(depths, [b / 2**10 for b in tied], 'D-', color='black',
              label='remat + tie: one mask, shared')
-  right.annotate(f'{untied_kb[-1]:.0f} KiB', (deepest, untied_kb[-1]),
+  right.annotate(size(untied[-1]), (deepest, untied[-1] / 2**10),
                  color='tab:blue', textcoords='offset points', xytext=(-8, 0),
                  ha='right', va='center')
-  right.annotate(f'{tied_kb[-1]:.0f} KiB', (deepest, tied_kb[-1]),
+  right.annotate(size(tied[-1]), (deepest, tied[-1] / 2**10),
                  textcoords='offset points', xytext=(-8, 6), ha='right')
-  untied_all, tied_all = (memory[k][-1][1] / 2**20
-                          for k in ('remat', 'remat + tie'))
   right.set_title(
-      "stored attention masks (collection 'graph'):\nall arguments at"
-      f' {deepest} blocks {untied_all:.2f} MiB untied, {tied_all:.2f} MiB'
-      ' tied')
+      "stored attention masks (collection 'graph'):\nall variables stored at"
+      f" {deepest} blocks: {size(memory['remat'][-1][1])} untied,"
+      f" {size(memory['remat + tie'][-1][1])} tied")
   right.set_ylabel('KiB')
   left.set_ylabel('MiB')
   for ax in (left, right):
@@ -684,10 +730,34 @@ def save_plot(path: str, depths: Sequence[int], memory) -> None:
   fig.suptitle('T5-style encoder, loss + gradient with dropout off'
                ' (XLA memory_analysis)')
   fig.tight_layout()
+  texts = [t.get_text() for t in fig.findobj(mtext.Text) if t.get_text()]
   try:
-    fig.savefig(path, format='png', dpi=120)
+    fig.savefig(path, format='png', dpi=120, metadata={
+        'Description': json.dumps(figure_data(depths, memory, texts))})
   finally:
     plt.close(fig)
+
+
+def figure_data(depths: Sequence[int], memory, texts: Sequence[str]):
+  """What the figure shows: its depths, its numbers (bytes) and its texts.
+
+  Two figures with the same data look the same, whatever matplotlib drew
+  their pixels with: ``docs/demo_figure.py`` compares them.
+  """
+  return {'depths': list(depths),
+          'bytes': {kind: [list(v) for v in values]
+                    for kind, values in memory.items()},
+          'texts': sorted(texts)}
+
+
+def shown_figure_data(path: str):
+  """:func:`figure_data` as the PNG at ``path`` holds it (None if it does not)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  try:
+    with Image.open(path) as image:
+      return json.loads(image.text.get('Description', 'null'))
+  except (OSError, ValueError):
+    return None
 
 
 def plot_depths(layers: int) -> list[int]:
@@ -699,6 +769,7 @@ def write_plot(path: str, layers: int) -> bool:
   """Measures and plots memory against depth; ``False`` if writing failed."""
   depths = plot_depths(layers)
   memory = memory_by_depth(depths, t5.T5Config())
+  _status('drawing the plot with matplotlib')
   try:
     save_plot(path, depths, memory)
   except OSError as e:
@@ -752,6 +823,7 @@ def run(args: argparse.Namespace) -> Results:
     training = _compile_variant(config, tied_vars, tied=True, remat=remat,
                                 dropout=True, batch=probe)
     params, losses, step_times = _train(training, config, args.steps)
+  load_training = load_average()
 
   # The comparison: loss and gradient with dropout off (cheaper to compile).
   variants = {
@@ -759,9 +831,11 @@ def run(args: argparse.Namespace) -> Results:
           config, tied_vars if tied else untied_vars, tied=tied, remat=rm,
           dropout=False, batch=probe)
       for tied in (True, False) for rm in (True, False)}
+  _status(f'timing loss + gradient: {TIMING_ROUNDS} rounds of the four variants')
   timer = measure.Interleaved({
       k: functools.partial(v.value_and_grad, params, *probe)
       for k, v in variants.items()}).run(TIMING_ROUNDS)
+  load_timing = load_average()
   step_medians = {k: timer.median(k) for k in variants}
   step_spreads = {k: timer.spread(k) for k in variants}
   step_ratios = {rm: timer.ratio((True, rm), (False, rm))
@@ -776,7 +850,8 @@ def run(args: argparse.Namespace) -> Results:
       step_ratios=step_ratios, rounds=TIMING_ROUNDS,
       loss_difference=abs(float(tied_loss) - float(untied_loss)),
       grad_difference=_max_abs_difference(tied_grads, untied_grads),
-      barriers_kept=barriers_kept)
+      barriers_kept=barriers_kept, load_training=load_training,
+      load_timing=load_timing)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -803,7 +878,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     problem = _plot_path_problem(args.plot)
     if problem:
       parser.error(problem)
-  start = time.perf_counter()
+  start, cpu_start = time.perf_counter(), cpu_seconds()
   with _patch_installed():
     try:
       results = run(args)
@@ -814,7 +889,9 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(report(results), flush=True)
     if args.plot is not None and not write_plot(args.plot, args.layers):
       return 1
-  print(f'wall time: {time.perf_counter() - start:.1f} s')
+  print(f'wall time: {time.perf_counter() - start:.1f} s, CPU time:'
+        f' {cpu_seconds() - cpu_start:.1f} s (user + system, the demo and its'
+        f' worker processes; {machine(load_average())})')
   return 0
 
 

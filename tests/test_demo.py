@@ -43,14 +43,38 @@ def _has_matplotlib():
 
 def test_small_run_prints_the_comparison_table(small_run):
   stdout, _, _ = small_run
-  for row in ('all variables stored (count, bytes)',
+  for row in ('in all collections (count, bytes)',
               'compiled temp memory, remat',
               'compiled temp memory, no remat',
               'time remat / no remat (medians)'):
     assert row in stdout
   # Two blocks: the tied encoder stores the 32x32 mask once, the untied twice.
-  assert re.search(r"variables stored in 'graph' \(count, bytes\)\s+1 \(4\.0 KiB\)"
+  assert re.search(r"in collection 'graph' \(count, bytes\)\s+1 \(4\.0 KiB\)"
                    r"\s+2 \(8\.0 KiB\)\s+0\.500", stdout), stdout
+
+
+def test_each_header_of_the_table_is_over_the_rows_it_describes(small_run):
+  stdout, _, _ = small_run
+  table = stdout[stdout.index('stored variables'):stdout.index('[1] median')]
+  sections = [s.splitlines() for s in table.strip().split('\n\n')]
+  # What is stored does not depend on dropout; the compiled function does.
+  assert [lines[0].split('  ')[0] for lines in sections] == [
+      'stored variables', 'loss + gradient, dropout off'], table
+  assert [line.split('  ')[0] for line in sections[0][2:]] == [
+      "in collection 'graph' (count, bytes)",
+      'in all collections (count, bytes)'], table
+  assert all(set(lines[1]) <= {'-', ' '} for lines in sections), table
+  assert all('memory' in line or 'time' in line
+             for line in sections[1][2:]), table
+
+
+def test_times_come_with_the_machines_load_and_cpu_time(small_run):
+  stdout, _, _ = small_run
+  assert re.search(r'over steps 2-3, step 1 \(it compiles\) left out \(\d+ CPUs,'
+                   r' load average \d+\.\d\)', stdout), stdout
+  assert re.search(r'Timed on \d+ CPUs, load average \d+\.\d:', stdout), stdout
+  assert re.search(r'^wall time: \d+\.\d s, CPU time: \d+\.\d s \(user \+ system,'
+                   r'.*\d+ CPUs, load average \d+\.\d\)$', stdout, re.M), stdout
 
 
 def test_tied_gradients_match_the_untied_reference(small_run):
@@ -71,8 +95,7 @@ def test_step_time_is_one_figure_with_its_spread_and_the_table_says_why(
   assert re.search(r'training step \(batch, loss \+ gradient with dropout,'
                    r' AdamW update\): median \S+ ms, \S+-\S+ ms over steps'
                    r' 2-3', stdout), stdout
-  assert re.search(r'loss \+ gradient time, remat \[1\] +\S+ ms \(\S+-\S+\)',
-                   stdout), stdout
+  assert re.search(r'time, remat \[1\] +\S+ ms \(\S+-\S+\)', stdout), stdout
   assert '[1] median (fastest-slowest)' in stdout
   assert 'shorter than the training step above' in stdout
 
@@ -145,3 +168,41 @@ def test_plot_is_written(small_run):
   stdout, _, path = small_run
   assert f'plot: {path}' in stdout
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_plot_states_the_tables_sizes_as_the_table_writes_them(small_run):
+  pytest.importorskip('matplotlib')
+  stdout, stderr, path = small_run
+  shown = demo.shown_figure_data(str(path))
+  tied, untied = re.search(
+      r'in all collections \(count, bytes\)\s+\d+ \((.+?)\)\s+\d+ \((.+?)\)',
+      stdout).groups()
+  assert (f'all variables stored at 2 blocks: {untied} untied, {tied} tied'
+          in ' '.join(shown['texts'])), shown['texts']
+  assert shown['depths'] == [1, 2]
+  # While matplotlib draws, the heartbeat says so.
+  assert re.search(r'\] drawing the plot with matplotlib\n', stderr), stderr
+
+
+def test_training_on_a_mesh_compiles_the_update_once(caplog):
+  # Step 2 of a --processes run compiled the optimizer update again: AdamW's
+  # step count came from one device at step 1 and from the mesh at step 2.
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from flax_tieext.examples import t5  # pylint: disable=g-import-not-at-top
+
+  mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+  config = t5.T5Config(num_layers=1)
+  probe = demo._batch_fn(config)(0)[:2]  # pylint: disable=protected-access
+  tied, _ = demo._tied_and_untied_variables(config, probe[0])  # pylint: disable=protected-access
+  variables = jax.jit(lambda v: v, out_shardings=NamedSharding(
+      mesh, PartitionSpec()))(tied)
+  training = demo._compile_variant(  # pylint: disable=protected-access
+      config, variables, tied=True, remat=True, dropout=True,
+      batch=demo._batch_fn(config, mesh)(0)[:2])  # pylint: disable=protected-access
+  with jax.log_compiles(True), caplog.at_level('WARNING'):
+    demo._train(training, config, 3, mesh, lambda *_: None)  # pylint: disable=protected-access
+  compiled = [r.getMessage().split(' with ')[0] for r in caplog.records
+              if r.getMessage().startswith('Compiling ')]
+  assert compiled.count('Compiling jit(update)') == 1, compiled
