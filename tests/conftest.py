@@ -31,16 +31,24 @@ to use ties (the tie regression tests of issue 16).
 
 Tests marked ``end_to_end`` are the longer ones: fresh interpreters (the
 docs' examples, the demo, the patch installed at import, plain Flax against
-patched), generated programs, whole models trained, the deepest nestings of
-transforms, two-process jobs. Without them the README's test command takes
-under five CPU-minutes on two cores. A plain ``pytest`` leaves them out (and
-says so in its header) unless given ``--end-to-end`` or the test file by
-name; ``nox -s ci`` (so CI) runs them all.
+patched), generated programs and properties, whole models trained, the grids
+of every transform and nesting order (tests/test_tie_lifting.py, each pair of
+transforms of tests/test_tie_init.py), sharding on eight devices, Python
+call counts, two-process jobs. Without them the README's test command takes
+under five CPU-minutes on two cores (about four, measured in CHANGELOG.md).
+A plain ``pytest`` leaves them out (and says so in its header) unless given
+``--end-to-end`` or the test file by name; ``nox -s ci`` (so CI) runs them
+all.
+
+What the run prints (:class:`Progress`): within seconds, what it collects;
+then at least every 30 s a line stamped ``0:46`` (minutes:seconds since the
+start) with the tests done per area of the suite and the test files running.
 """
 
 import collections
 import os
 import pathlib
+import threading
 import time
 
 import pytest
@@ -54,8 +62,6 @@ import pytest
 if os.environ.get('TIEEXT_TEST_XLA_OPT', '0') != 'default':
   os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
       os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0')))
-
-import flax_tieext  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 OPTED_OUT = 'opted-out'
 
@@ -94,39 +100,96 @@ def area(nodeid: str) -> str:
               'docs, demo and repository')
 
 
+def stamp(seconds: float) -> str:
+  """``0:46``, ``1:16``: minutes and seconds since the run started."""
+  minutes, seconds = divmod(int(seconds), 60)
+  return f'{minutes}:{seconds:02d}'
+
+
 class Progress:
   """Progress a person can read: per area of the suite, what is done.
 
-  Dots alone say nothing of what is running. Every ``EVERY`` seconds a line
-  gives the tests done per area, and each area, as it finishes, its counts.
-  Works with and without xdist (the controller sees every worker's reports).
+  Dots alone say nothing of what is running. The first line says what is
+  being collected; then at least every ``EVERY`` seconds a line gives the
+  tests done per area and the test files running (with how long their
+  current test has run), and each area, as it finishes, its counts. Works
+  with and without xdist (the controller sees every worker's reports). The
+  lines between reports come from a thread of the xdist controller, which
+  runs no test; without xdist a test's output capture would swallow them, so
+  there the lines come with the reports.
   """
 
   EVERY = 30.0
 
-  def __init__(self, reporter):
+  def __init__(self, reporter, clock=time.monotonic):
     self.reporter = reporter
-    self.start = self.said = time.monotonic()
+    self.clock = clock
+    self.start = self.said = clock()
     self.total = collections.Counter()
     self.done = collections.defaultdict(collections.Counter)
     self.finished = set()
+    self.running = {}  # test id -> when it started
+    self.lock = threading.RLock()
+    self.stop = threading.Event()
 
   def _collected(self, nodeids):
-    if not self.total:
-      self.total.update(area(n) for n in nodeids)
-      self._say('to run: ' + self._areas(lambda name: self.total[name]))
+    with self.lock:
+      if not self.total:
+        self.total.update(area(n) for n in nodeids)
+        self._say('to run: ' + self._areas(lambda name: self.total[name]))
 
   def _areas(self, count):
     return ', '.join(f'{name} {count(name)}' for name in sorted(self.total))
 
   def _say(self, line):
-    self.said = time.monotonic()
-    minutes, seconds = divmod(int(self.said - self.start), 60)
-    # Past the dots of the line being written (ensure_newline knows only of
-    # lines that name a file, which -q and xdist do not write).
-    if getattr(getattr(self.reporter, '_tw', None), 'width_of_current_line', 0):
-      self.reporter.write('\n')
-    self.reporter.write_line(f'[{minutes}m{seconds:02d}s] {line}')
+    with self.lock:
+      self.said = self.clock()
+      # Past the dots of the line being written (ensure_newline knows only of
+      # lines that name a file, which -q and xdist do not write).
+      if getattr(getattr(self.reporter, '_tw', None), 'width_of_current_line', 0):
+        self.reporter.write('\n')
+      self.reporter.write_line(f'{stamp(self.said - self.start)} {line}')
+
+  def beat(self):
+    """The line of a run that has said nothing for ``EVERY`` seconds, if due."""
+    with self.lock:
+      now = self.clock()
+      if now - self.said < self.EVERY:
+        return
+      if not self.total:
+        self._say('still collecting: each worker process imports JAX, Flax and'
+                  ' every test file before the first test runs')
+        return
+      files = {}
+      for nodeid, since in sorted(self.running.items(), key=lambda i: i[1]):
+        files.setdefault(nodeid.split('::')[0], since)
+      running = '; running: ' + ', '.join(
+          f'{path} (its current test for {stamp(now - since)})'
+          for path, since in files.items()) if files else ''
+      self._say('done so far: ' + self._areas(
+          lambda name: f'{sum(self.done[name].values())}/{self.total[name]}')
+                + running)
+
+  def _beat_every_second(self):
+    while not self.stop.wait(1.0):
+      self.beat()
+
+  @pytest.hookimpl(trylast=True)  # below the header pytest prints
+  def pytest_sessionstart(self, session):
+    config = session.config
+    args = ' '.join(config.args) or 'tests'
+    workers = getattr(config.option, 'numprocesses', None)
+    self._say(f'collecting {args}' + (
+        f' in {workers} worker processes, each importing JAX, Flax and every'
+        ' test file' if workers else ', importing JAX, Flax and every test file')
+              + ': a line at least every'
+        f' {self.EVERY:.0f} s from now on says what is running')
+    if config.pluginmanager.has_plugin('dsession'):  # the xdist controller
+      threading.Thread(target=self._beat_every_second, name='tieext-progress',
+                       daemon=True).start()
+
+  def pytest_sessionfinish(self):
+    self.stop.set()
 
   @pytest.hookimpl(optionalhook=True)
   def pytest_xdist_node_collection_finished(self, node, ids):  # pylint: disable=unused-argument
@@ -136,7 +199,19 @@ class Progress:
     if not hasattr(session.config, 'workerinput'):
       self._collected([item.nodeid for item in session.items])
 
+  def pytest_runtest_logstart(self, nodeid):
+    with self.lock:
+      self.running[nodeid] = self.clock()
+
+  def pytest_runtest_logfinish(self, nodeid):
+    with self.lock:
+      self.running.pop(nodeid, None)
+
   def pytest_runtest_logreport(self, report):
+    with self.lock:
+      self._logreport(report)
+
+  def _logreport(self, report):
     name = area(report.nodeid)
     if report.when == 'call' or report.when == 'setup' and not report.passed:
       outcome = 'error' if report.when == 'setup' and report.failed else (
@@ -153,9 +228,8 @@ class Progress:
       self.finished.add(name)
       self._say(f'done: {name}: ' + ', '.join(
           f'{n} {o}' for o, n in sorted(counts.items())))
-    elif time.monotonic() - self.said >= self.EVERY:
-      self._say('done so far: ' + self._areas(
-          lambda name: f'{sum(self.done[name].values())}/{self.total[name]}'))
+    else:
+      self.beat()
 
 
 @pytest.hookimpl(trylast=True)  # after the terminal reporter is made
@@ -165,11 +239,24 @@ def pytest_configure(config):
     config.pluginmanager.register(Progress(reporter), 'tieext-progress')
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session):
+  """The patch installed before a test file imports Flax (not in the xdist controller).
+
+  Here rather than at the top of this file: the controller, which collects
+  and runs no test, then never imports JAX, and the first lines come before
+  the seconds the import takes.
+  """
+  if not session.config.pluginmanager.has_plugin('dsession'):
+    import flax_tieext  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+
+
 def pytest_report_header(config):
   if not config.getoption('end_to_end'):
     return ('end_to_end tests (fresh interpreters, generated programs, whole models'
-            ' trained, deep nestings, two-process jobs) are left out unless named:'
-            ' pytest --end-to-end runs them')
+            ' trained, the grids of every transform and nesting, 8-device sharding,'
+            ' two-process jobs) are left out unless named: pytest --end-to-end runs'
+            ' them')
 
 
 def pytest_generate_tests(metafunc):
@@ -209,6 +296,7 @@ def patch_mode(request):
   if request.param != OPTED_OUT:
     yield request.param
     return
+  import flax_tieext  # pylint: disable=g-import-not-at-top
   with pytest.MonkeyPatch.context() as env:
     env.setenv('FLAX_TIEEXT_AUTOPATCH', '0')
     was_installed = flax_tieext.is_installed()
@@ -234,6 +322,7 @@ def patch_installed(request):
   if request.node.get_closest_marker('installs_patch') is None:
     yield
     return
+  import flax_tieext  # pylint: disable=g-import-not-at-top
   was_installed = flax_tieext.is_installed()
   flax_tieext.install()
   yield

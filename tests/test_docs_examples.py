@@ -92,13 +92,18 @@ def _missing(rel, modules):
           for module in modules if not _importable(module)]
 
 
-def _examples():
-  """pytest params: (page, what to run), ids `page:line`."""
-  params = []
+def pages():
+  """(page as the docs name it, its text, its marks: a skip where it needs a module)."""
   for page in PAGES:
     text = page.read_text()
     rel = page.relative_to(ROOT).as_posix()
-    marks = _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
+    yield rel, text, _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
+
+
+def _examples():
+  """pytest params: (page, what to run), ids `page:line`."""
+  params = []
+  for rel, text, marks in pages():
     testcode = []
     for match in FENCE.finditer(text):
       if match['marker']:

@@ -57,11 +57,10 @@ import time
 import pytest
 
 from test_docs_examples import FENCE
-from test_docs_examples import PAGES
 from test_docs_examples import ROOT
 from test_docs_examples import _importable
-from test_docs_examples import _missing
 from test_docs_examples import _shown_docstrings
+from test_docs_examples import pages
 
 pytestmark = [pytest.mark.end_to_end, pytest.mark.needs_patch]
 
@@ -96,10 +95,7 @@ def copied_with_the_copy_button(text: str) -> str:
 def _pages():
   """pytest params: (name, [blocks as shown]), one per page with code."""
   params = []
-  for page in PAGES:
-    text = page.read_text()
-    rel = page.relative_to(ROOT).as_posix()
-    marks = _missing(rel, re.findall(r'<!-- requires: (\S+) -->\n(?!```)', text))
+  for rel, text, marks in pages():
     blocks = [match['body'] for match in FENCE.finditer(text)
               if not match['marker'] and (
                   not match['requires'] or _importable(match['requires']))]

@@ -337,6 +337,7 @@ def test_writes_through_the_target_land_once_under_jit():
   assert int(model.calls[...]) == 2
 
 
+@pytest.mark.end_to_end  # a whole model: left to --end-to-end and CI
 def test_tied_head_matches_the_embedding_passed_by_hand():
   model = TiedLM(16, 8, rngs=nnx.Rngs(0))
   assert 'head' not in pure(model, only=nnx.Param)
@@ -354,6 +355,7 @@ def test_tied_head_matches_the_embedding_passed_by_hand():
       expected)
 
 
+@pytest.mark.end_to_end  # a whole model: left to --end-to-end and CI
 def test_tied_head_trains_as_optax_on_the_parameters_by_hand():
   model = TiedLM(16, 8, rngs=nnx.Rngs(0))
   tokens = jnp.array([[1, 5, 7], [2, 3, 15]])
@@ -381,6 +383,7 @@ def test_tied_head_trains_as_optax_on_the_parameters_by_hand():
 # --------------------------------------------------------------------------
 # remat with static_argnames
 # --------------------------------------------------------------------------
+@pytest.mark.end_to_end  # a whole model: left to --end-to-end and CI
 @pytest.mark.parametrize('deterministic', [True, False])
 def test_shared_mask_under_remat_matches_the_graph_mode_shared_reference(deterministic):
   tied = TiedEncoder(2, 8, 4, rngs=nnx.Rngs(0))
@@ -404,6 +407,7 @@ def test_shared_mask_under_remat_matches_the_graph_mode_shared_reference(determi
                              rtol=1e-6)
 
 
+@pytest.mark.end_to_end  # a whole model trained: left to --end-to-end and CI
 def test_shared_mask_trains_under_remat_as_the_graph_mode_shared_reference():
   tied = TiedEncoder(2, 8, 4, rngs=nnx.Rngs(0))
   shared = Encoder(2, 8, 4, share=True, graph=True, rngs=nnx.Rngs(0))
@@ -427,6 +431,7 @@ def _scan_by_hand(mask, kernels, biases, x):
   return jax.lax.scan(body, x, (kernels, biases))[0]
 
 
+@pytest.mark.end_to_end  # a whole model: left to --end-to-end and CI
 def test_scan_broadcasts_the_tied_source_into_every_slice():
   model = TiedStackedEncoder(3, 8, 4, rngs=nnx.Rngs(0))
   assert model.blocks.mask is model.mask
@@ -508,6 +513,7 @@ def test_a_scan_error_that_is_not_a_tied_source_passes_unchanged():
   assert str(errors[0]) == str(errors[1]) and errors[0].__cause__ is None
 
 
+@pytest.mark.end_to_end  # a whole model: left to --end-to-end and CI
 def test_a_stack_of_tied_modules_maps_whole():
   @nnx.vmap(graph=False)
   def make(key):
@@ -574,6 +580,7 @@ def test_fori_loop_and_while_loop_carry_one_variable():
 # --------------------------------------------------------------------------
 # Orbax, and converting between the tied and the untied layout
 # --------------------------------------------------------------------------
+@pytest.mark.end_to_end  # an Orbax checkpoint written and read: left to --end-to-end and CI
 def test_orbax_checkpoint_of_the_tree_state_stores_the_tied_variable_once(tmp_path):
   ocp = pytest.importorskip('orbax.checkpoint')  # a dependency of flax
   model = TiedLM(16, 8, rngs=nnx.Rngs(0))
@@ -722,6 +729,7 @@ def test_a_view_read_by_a_graph_mode_transform_says_to_use_tree_mode():
 # --------------------------------------------------------------------------
 # Cost: what graph-mode sharing costs (benchmarks/test_nnx_tree_tie.py)
 # --------------------------------------------------------------------------
+@pytest.mark.end_to_end  # compiles two train steps per case: left to --end-to-end and CI
 @pytest.mark.parametrize('name', ['lm', 'encoder'])
 def test_tied_train_step_compiles_to_the_cost_of_graph_mode_sharing(name):
   from flax_tieext.examples import nnx_tree  # pylint: disable=g-import-not-at-top

@@ -147,6 +147,7 @@ class LinenModel(nn.Module):
     return nn.remat(LinenBlock)(name='block')(tokens)
 
 
+@pytest.mark.end_to_end  # a whole model through nnx.bridge: left to --end-to-end and CI
 def test_tree_mode_tied_module_in_a_rematted_linen_model():
   tokens = jnp.array([[1, 5, 7], [2, 3, 15]])
   with nnx.set_graph_mode(False):  # the bridge's split, state and update

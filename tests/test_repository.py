@@ -155,6 +155,45 @@ def test_a_plain_run_leaves_out_the_end_to_end_tests_saying_so():
   assert named == {'test_two_processes.py'} and 'deselected' not in output, output
 
 
+
+def test_progress_lines_are_stamped_and_name_the_test_files_running():
+  # The README's test run: what it collects first, then at least every 30 s
+  # a line stamped minutes:seconds, naming the files whose tests are running.
+  import conftest  # pylint: disable=g-import-not-at-top
+
+  class Reporter:
+    def __init__(self):
+      self.lines = []
+
+    def write(self, text):
+      del text
+
+    def write_line(self, line):
+      self.lines.append(line)
+
+  now, reporter = [100.0], Reporter()
+  progress = conftest.Progress(reporter, clock=lambda: now[0])
+  now[0] += 29
+  progress.beat()  # not yet 30 s: nothing
+  now[0] += 2
+  progress.beat()
+  progress._collected(['tests/test_tie_init.py::a', 'tests/test_static_argnames.py::b'])  # pylint: disable=protected-access
+  progress.pytest_runtest_logstart('tests/test_static_argnames.py::b')
+  now[0] += 45
+  progress.beat()
+  assert reporter.lines == [
+      '0:31 still collecting: each worker process imports JAX, Flax and every test file'
+      ' before the first test runs',
+      '0:31 to run: static arguments 1, ties 1',
+      '1:16 done so far: static arguments 0/1, ties 0/1; running:'
+      ' tests/test_static_argnames.py (its current test for 0:45)',
+  ]
+  progress.pytest_runtest_logfinish('tests/test_static_argnames.py::b')
+  now[0] += 30
+  progress.beat()
+  assert reporter.lines[-1] == '1:46 done so far: static arguments 0/1, ties 0/1'
+
+
 def _tracked_texts():
   """(path, text) of each tracked text file; none outside a git checkout."""
   listed = subprocess.run(['git', 'ls-files', '-z'], cwd=ROOT, capture_output=True, text=True,

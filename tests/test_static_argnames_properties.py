@@ -37,6 +37,10 @@ from flax_tieext import lift as ext_lift
 from static_models import ENTRIES
 from tie_models import assert_trees_close
 
+# end_to_end: generated signatures and calls; the README's test run leaves them
+# to --end-to-end (tests/test_static_argnames.py covers each entry point).
+pytestmark = pytest.mark.end_to_end
+
 EXAMPLES = settings(max_examples=25, deadline=None, derandomize=True)
 
 

@@ -376,6 +376,7 @@ class TwoStacks(nn.Module):
     return x
 
 
+@pytest.mark.end_to_end  # two scanned stacks, init and apply per case: left to --end-to-end and CI
 @needs_patch
 @pytest.mark.parametrize('stacks', [{'s1': N, 's2': N}, {'s2': N}, None],
                          ids=['both named', 'target named', 'none named'])

@@ -25,6 +25,10 @@ from flax_tieext import TieError
 
 from test_tie_sharding import passes_on_eight_devices
 
+# end_to_end: an 8-device mesh in an interpreter of its own; the README's test
+# run leaves it to --end-to-end (tests/test_tie_conversion.py runs on one).
+pytestmark = pytest.mark.end_to_end
+
 K = jax.random.split(jax.random.key(0), 4)
 A, B, C = (jax.random.normal(k, (3, 4)) for k in K[:3])
 LAYERS = jax.random.normal(K[3], (5, 3, 4))

@@ -217,6 +217,7 @@ def test_lift_tie_refuses_ties_it_cannot_read_at_the_call(given):
   assert_message_names(str(info.value), 'lift.tie(..., ties)', fix)
 
 
+@pytest.mark.end_to_end  # every transform: left to --end-to-end and CI
 @installs_patch
 def test_a_view_that_cannot_be_hashed_works_under_every_transform():
   """A dataclass view (eq=True: no hash) failed where a tie is hashed.

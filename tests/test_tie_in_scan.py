@@ -106,6 +106,7 @@ def scan_inputs(apply, variables, *args):
   return sorted(shapes)
 
 
+@pytest.mark.end_to_end  # whole stacks against the computation by hand: left to --end-to-end and CI
 @needs_patch
 @pytest.mark.parametrize('axis', [0, 1])
 @pytest.mark.parametrize('in_scan', ['broadcast', 'scanned'])

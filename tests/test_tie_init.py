@@ -243,6 +243,7 @@ class TargetFirst(nn.Module):
 
 
 @installs_patch
+@pytest.mark.end_to_end  # 46 pairs of transforms: left to --end-to-end and CI
 @pytest.mark.parametrize('kind', sorted(FIRST_TIES))
 @pytest.mark.parametrize('target_wrap', ['none', 'remat', 'jit'])
 @pytest.mark.parametrize('source_wrap', sorted(FIRST_WRAPS))
@@ -401,6 +402,7 @@ class DropoutAtInit(nn.Module):
     return nn.Dropout(0.5, deterministic=False)(nn.Dense(D, name='dense')(x))
 
 
+@pytest.mark.end_to_end  # every transform, both orders: left to --end-to-end and CI
 @installs_patch
 @pytest.mark.parametrize('target_first', [False, True],
                          ids=['source_first', 'target_first'])
@@ -452,6 +454,7 @@ class Unequal(nn.Module):
     return wide(x), wider(x)
 
 
+@pytest.mark.end_to_end  # every transform, both orders: left to --end-to-end and CI
 @needs_patch
 @pytest.mark.parametrize('target_first', [False, True],
                          ids=['source_first', 'target_first'])

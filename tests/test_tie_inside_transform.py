@@ -181,10 +181,13 @@ def assert_trees_close(a, b):
       functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
 
 
-# Compositions with nn.jit, and nn.cond, compile the most: the quick run
-# keeps nn.jit alone, and these run with --end-to-end and in CI (with the
-# deeper nestings of tests/test_tie_nesting.py).
-LONG_WRAPS = ('nn.jit of nn.remat', 'nn.remat of nn.jit', 'nn.cond')
+# The quick run keeps no transform, nn.remat and nn.jit; the other wraps
+# (nn.checkpoint is nn.remat, nn.partitioning.remat closes over as it does,
+# compositions with nn.jit and nn.cond compile the most) run with --end-to-end
+# and in CI (with the deeper nestings of tests/test_tie_nesting.py).
+LONG_WRAPS = ('nn.checkpoint', 'nn.partitioning.remat', 'nested nn.remat',
+              'nn.jit of nn.remat', 'nn.remat of nn.jit', 'nn.cond',
+              'nn.map_variables')
 
 
 @pytest.mark.parametrize('col', ['graph', 'params'])
@@ -234,8 +237,10 @@ def stacked(kind, cls):
   return nn.vmap(cls, in_axes=(0, None), out_axes=0, **common)
 
 
-@pytest.mark.parametrize('kind', ['nn.scan', 'nn.scan of nn.remat',
-                                  'nn.scan of nn.jit', 'nn.vmap'])
+# The quick run keeps nn.scan; the others run with --end-to-end and in CI.
+@pytest.mark.parametrize('kind', ['nn.scan', *(
+    pytest.param(k, marks=pytest.mark.end_to_end)
+    for k in ('nn.scan of nn.remat', 'nn.scan of nn.jit', 'nn.vmap'))])
 def test_tie_inside_a_stack_reads_the_mask_outside(kind):
   x = X if kind != 'nn.vmap' else jnp.stack([X[0]] * 3)
 
@@ -308,6 +313,7 @@ def hoisted_jit_encoders(idx=(0, 1, 1, 1)):
   return Tied(), Reference()
 
 
+@pytest.mark.end_to_end  # nn.jit traced and retraced: left to --end-to-end and CI
 @pytest.mark.parametrize('init_first', [True, False],
                          ids=['after init', 'apply only'])
 def test_tie_inside_nn_jit_reads_the_current_source_and_traces_once(init_first):

@@ -41,6 +41,9 @@ from flax_tieext import TieError
 tie = flax_tieext.linen.tie
 needs_patch = pytest.mark.needs_patch
 installs_patch = pytest.mark.installs_patch
+# end_to_end: every transform and nesting order; the README's test run leaves it
+# to --end-to-end (tests/upstream/linen_tie_test.py covers each transform).
+pytestmark = pytest.mark.end_to_end
 
 N = 3
 

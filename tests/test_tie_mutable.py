@@ -110,8 +110,10 @@ def to_shared_layout(variables):
   return out
 
 
-@pytest.mark.parametrize('wrap', ['none', 'remat', 'partitioning.remat',
-                                  'jit'])
+# The quick run keeps none and remat; the others run with --end-to-end and in CI.
+@pytest.mark.parametrize('wrap', ['none', 'remat', *(
+    pytest.param(w, marks=pytest.mark.end_to_end)
+    for w in ('partitioning.remat', 'jit'))])
 def test_shared_batchnorm_matches_one_module_called_three_times(wrap):
   x = jax.random.normal(jax.random.key(1), (4, 3))
   tied, ref = bn_model(wrap, False)(), bn_model(wrap, True)()

@@ -349,6 +349,7 @@ UNION_CASES = {  # declarations, what is tied, whether init's output is apply's
 
 
 @needs_patch
+@pytest.mark.end_to_end  # each case inits and applies deep stacks: left to --end-to-end
 @pytest.mark.parametrize('case', list(UNION_CASES))
 def test_stacked_declarations_are_their_union_in_one_mapping(case):
   declarations, tied, init_is_apply = UNION_CASES[case]

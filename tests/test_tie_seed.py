@@ -20,7 +20,8 @@ import pytest
 import flax_tieext  # noqa: F401  (installs nn.tie)
 
 # nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
-pytestmark = pytest.mark.needs_patch
+# end_to_end: the seed scenario end to end, under every remat and jit; the README's test run leaves it to --end-to-end.
+pytestmark = [pytest.mark.needs_patch, pytest.mark.end_to_end]
 
 N_BLOCKS = 3
 D = 8

@@ -27,7 +27,8 @@ import pytest
 import flax_tieext  # noqa: F401
 
 # nn.tie is a Flax name: it exists once flax_tieext is installed into Flax.
-pytestmark = pytest.mark.needs_patch
+# end_to_end: an 8-device mesh in an interpreter of its own, a train step compiled twice; the README's test run leaves it to --end-to-end.
+pytestmark = [pytest.mark.needs_patch, pytest.mark.end_to_end]
 
 D, N = 8, 3
 

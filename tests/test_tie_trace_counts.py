@@ -168,8 +168,10 @@ def inner_tie_encoder():
   return Encoder()
 
 
-@pytest.mark.parametrize('init_first', [True, False],
-                         ids=['after_init', 'apply_only'])
+@pytest.mark.parametrize('init_first', [
+    pytest.param(True, id='after_init'),
+    pytest.param(False, id='apply_only', marks=pytest.mark.end_to_end),  # with CI
+])
 def test_jit_traces_every_call_site_of_a_class_that_met_an_inner_tie_twice(
     init_first):
   """docs/design.md said only the call sites holding such a tie traced twice.

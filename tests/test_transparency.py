@@ -304,7 +304,9 @@ def _jit_inside(transform):
   return len(traces)
 
 
-@pytest.mark.parametrize('transform', ['vmap', 'scan', 'remat', 'cond', 'map_variables'])
+# The quick run keeps scan and remat; the others run with --end-to-end and in CI.
+@pytest.mark.parametrize('transform', ['scan', 'remat', *(
+    pytest.param(t, marks=pytest.mark.end_to_end) for t in ('vmap', 'cond', 'map_variables'))])
 def test_nn_jit_inside_a_lifted_transform_traces_as_on_plain_flax(transform):
   patched = _jit_inside(transform)
   was = flax_tieext.is_installed()

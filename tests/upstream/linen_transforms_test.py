@@ -183,9 +183,6 @@ class ScanOfCheckpointStaticKeywordsTest(parameterized.TestCase):
           layer, static_argnames='deterministic'), True),
       ('remat_class_dropout', lambda layer, _: nn.remat(
           layer, static_argnames='deterministic'), False),
-      ('remat_methods_list', lambda layer, _: nn.remat(
-          layer, static_argnames='deterministic', methods=['__call__']),
-       True),
       ('partitioning_remat', lambda layer, _: partitioning.remat(
           layer, static_argnames='deterministic'), True),
       ('decorated_method', lambda _, decorated: decorated, True),
