@@ -171,7 +171,7 @@ class Progress:
                 + running)
 
   def _beat_every_second(self):
-    while not self.stop.wait(1.0):
+    while not self.stop.wait(0.5):
       self.beat()
 
   @pytest.hookimpl(trylast=True)  # below the header pytest prints

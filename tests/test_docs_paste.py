@@ -51,7 +51,6 @@ import struct
 import subprocess
 import sys
 import termios
-import textwrap
 import time
 
 import pytest
@@ -72,8 +71,8 @@ BRACKETED_PASTE_ON = '\x1b[?2004h'
 PAGE_TIMEOUT_S = 600
 
 
-def copied_with_the_copy_button(text: str) -> str:
-  """What the site's copy button copies of a code block (or a docstring).
+def copied_with_the_copy_button(shown: str) -> str:
+  """What the site's copy button copies of a code block ``shown`` as rendered.
 
   sphinx-copybutton's ``formatCopyText`` with docs/conf.py's settings: where
   a line starts with a prompt (``copybutton_prompt_text``, a regular
@@ -83,13 +82,18 @@ def copied_with_the_copy_button(text: str) -> str:
   conf = (ROOT / 'docs' / 'conf.py').read_text()
   prompt = re.search(r"^copybutton_prompt_text = r'(.*)'$", conf, re.M)
   if 'sphinx_copybutton' not in conf or prompt is None:  # copied as shown
-    return textwrap.dedent(text.split('\n', 1)[-1])
+    return shown
   regexp = re.compile(f'^({prompt[1]})(.*)')
-  shown = textwrap.dedent(text.split('\n', 1)[-1]).strip('\n')
   matches = [regexp.match(line) for line in shown.splitlines()]
   if not any(matches):  # no prompt: the block as shown
-    return shown + '\n'
+    return shown
   return '\n'.join(m[2] for m in matches if m) + '\n'
+
+
+def rendered_examples(docstring: str) -> str:
+  """A docstring's examples as the API page shows them: at the left margin."""
+  return '\n'.join(line.lstrip() for line in docstring.splitlines()
+                   if line.lstrip().startswith(('>>>', '...')))
 
 
 def _pages():
@@ -103,7 +107,8 @@ def _pages():
       params.append(pytest.param(rel, blocks, id=rel, marks=marks))
   docstrings = [p.values[1] for p in _shown_docstrings() if p.values[1]]
   params.append(pytest.param(
-      'docs/api.md', [copied_with_the_copy_button(d) for d in docstrings],
+      'docs/api.md',
+      [copied_with_the_copy_button(rendered_examples(d)) for d in docstrings],
       id='docs/api.md (docstrings, as the copy button copies them)'))
   return params
 
@@ -213,5 +218,5 @@ def test_the_copy_button_copies_each_block_of_the_pages_as_shown():
   changed = [f'{page}: {block.splitlines()[0]}'
              for page, blocks in (p.values for p in _pages()[:-1])
              for block in blocks
-             if copied_with_the_copy_button('\n' + block).strip('\n') != block.strip('\n')]
+             if copied_with_the_copy_button(block) != block]
   assert not changed, changed

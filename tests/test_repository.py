@@ -156,10 +156,13 @@ def test_a_plain_run_leaves_out_the_end_to_end_tests_saying_so():
 
 
 
-def test_progress_lines_are_stamped_and_name_the_test_files_running():
+def test_progress_lines_are_stamped_and_name_the_test_files_running(pytestconfig):
   # The README's test run: what it collects first, then at least every 30 s
   # a line stamped minutes:seconds, naming the files whose tests are running.
-  import conftest  # pylint: disable=g-import-not-at-top
+  # (tests/conftest.py as pytest loaded it: `import conftest` may find
+  # another directory's.)
+  conftest = next(p for p in pytestconfig.pluginmanager.get_plugins()
+                  if getattr(p, '__file__', None) == str(ROOT / 'tests' / 'conftest.py'))
 
   class Reporter:
     def __init__(self):
