@@ -531,19 +531,45 @@ class GridScanned(nn.Module):
     return _logits(self, x, self.size)
 
 
+class GridVmapped(nn.Module):
+  """``BRANCHES`` rematted :class:`GridLayer` s side by side (``nn.vmap``),
+  averaged; ``tied`` as :class:`GridScanned`'s (source of ``branches/<shared>``)."""
+
+  size: Size
+  layout: Layout
+  tied: bool = False
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = _embed(self, tokens, self.size)
+    if self.tied and self.is_initializing():
+      if self.layout.shared == 'attn':
+        GridAttention(self.size, self.layout, name='attn')(x[:, :1])
+      else:
+        GridMlp(self.size, name='mlp')(x[:, :1])
+    branches = nn.vmap(nn.remat(GridLayer), variable_axes={'params': 0},
+                       split_rngs={'params': True}, in_axes=(None, None), out_axes=0,
+                       axis_size=BRANCHES)
+    x = branches(self.size, self.layout, name='branches')(x, None)[0].mean(axis=0)
+    return _logits(self, x, self.size)
+
+
 # The lowerings of a grid cell: the untied stack, and the tied model by
-# in_scan (None: nn.tie's default, no in_scan given).
+# in_scan (None: nn.tie's default, no in_scan given). ``nn.vmap`` has no
+# in_scan: its cells compare the untied branches with the default tie.
 LOWERINGS = {'untied': 'untied stack', 'broadcast': "`in_scan='broadcast'` (closed over)",
              'scanned': "`in_scan='scanned'`", 'default': 'default (no `in_scan`)'}
+STACKS = {'scan': (GridScanned, 'layers'), 'vmap': (GridVmapped, 'branches')}
 
 
-def grid_model(size: Size, layout: Layout, lowering: str) -> nn.Module:
+def grid_model(size: Size, layout: Layout, lowering: str, stack: str = 'scan') -> nn.Module:
   """The model of one grid cell's ``lowering`` (a key of :data:`LOWERINGS`)."""
+  model, stacked = STACKS[stack]
   if lowering == 'untied':
-    return GridScanned(size, layout)
-  ties = {f'layers/{layout.shared}': layout.shared}
+    return model(size, layout)
+  ties = {f'{stacked}/{layout.shared}': layout.shared}
   kwargs = {} if lowering == 'default' else {'in_scan': lowering}
-  return nn.tie(GridScanned, ties, **kwargs)(size, layout, tied=True)
+  return nn.tie(model, ties, **kwargs)(size, layout, tied=True)
 
 
 # ---------------------------------------------------------------------------
@@ -1019,17 +1045,19 @@ def profile_ops(run: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
 def measure_grid(layouts: Sequence[str], batches: Sequence[int],
                  lowerings: Sequence[str], rounds: int, warmup: int, base: Size = FULL,
                  hlo_dir: pathlib.Path | None = None, profile: Sequence[str] = (),
-                 threads: int = 4) -> dict[str, Any]:
+                 threads: int = 4, stack: str = 'scan') -> dict[str, Any]:
   """The grid's cells: each layout at each batch, every lowering against the
-  untied stack (which ``lowerings`` must hold). Installs the patch for the
-  run, as :func:`measure_groups` does."""
+  untied stack (which ``lowerings`` must hold), in ``stack`` (a key of
+  :data:`STACKS`). Installs the patch for the run, as :func:`measure_groups`
+  does."""
   was_installed = flax_tieext.is_installed()
   flax_tieext.install()
   try:
     cells = {}
     for batch in sorted(batches):  # the peak counter only rises: small first
       cells.update(_measure_grid_batch(layouts, dataclasses.replace(base, batch=batch),
-                                       lowerings, rounds, warmup, hlo_dir, profile, threads))
+                                       lowerings, rounds, warmup, hlo_dir, profile, threads,
+                                       stack))
     return cells
   finally:
     if not was_installed:
@@ -1037,12 +1065,13 @@ def measure_grid(layouts: Sequence[str], batches: Sequence[int],
 
 
 def _measure_grid_batch(layouts, size, lowerings, rounds, warmup, hlo_dir, profile,
-                        threads):
+                        threads, stack):
   import concurrent.futures  # pylint: disable=import-outside-toplevel
   variants = {}
   for name in layouts:
     for lowering in lowerings:
-      make = functools.partial(_linen, grid_model(size, LAYOUTS[name], lowering), size)
+      make = functools.partial(_linen, grid_model(size, LAYOUTS[name], lowering, stack),
+                               size)
       variants[name, lowering] = Variant(f'{name}/{lowering}', LOWERINGS[lowering], make,
                                          size, compile_now=False)
   # The tied lowerings of a layout initialize the same variables: one init.
@@ -1063,7 +1092,8 @@ def _measure_grid_batch(layouts, size, lowerings, rounds, warmup, hlo_dir, profi
   _log(f'batch {size.batch}: compiled')
   texts = {key: program_text(v.compiled) for key, v in variants.items()}
   if COMPILE_ONLY['sharding'] is not None:
-    return _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, profile)
+    return _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, profile,
+                           stack)
   tokens, targets = _batch(size)
   device = jax.devices()[0]
 
@@ -1110,8 +1140,8 @@ def _measure_grid_batch(layouts, size, lowerings, rounds, warmup, hlo_dir, profi
                  'step_seconds': timer.median(t), 'step_spread': timer.spread(t),
                  'step_ratio': timer.median(t) / timer.median('untied'),
                  'round_ratio_median_iqr': [median, q1, q3]}
-    cells[f'scan:{name}/{size.batch}'] = {
-        'stack': 'scan', 'layout': name, 'describe': LAYOUTS[name].describe(),
+    cells[f'{stack}:{name}/{size.batch}'] = {
+        'stack': stack, 'layout': name, 'describe': LAYOUTS[name].describe(),
         'batch': size.batch, 'lowerings': rows}
     _log(f'{name} batch {size.batch}: ' + ', '.join(
         f'{l} {rows[l]["step_ratio"]:.3f}' + (f' (= {same[l]})' if same[l] else '')
@@ -1119,19 +1149,20 @@ def _measure_grid_batch(layouts, size, lowerings, rounds, warmup, hlo_dir, profi
     if hlo_dir is not None and name in profile:
       hlo_dir.mkdir(parents=True, exist_ok=True)
       for l in timed:
-        (hlo_dir / f'{name}_{l}_b{size.batch}.hlo.txt').write_text(mine[l].compiled.as_text())
-      (hlo_dir / f'{name}_b{size.batch}.profile.json').write_text(json.dumps(ops))
+        (hlo_dir / f'{stack}_{name}_{l}_b{size.batch}.hlo.txt').write_text(
+            mine[l].compiled.as_text())
+      (hlo_dir / f'{stack}_{name}_b{size.batch}.profile.json').write_text(json.dumps(ops))
   return cells
 
 
-def _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, hlo_layouts):
+def _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, hlo_layouts, stack):
   """The cells of a compile-only run: each program's memory and FLOPs."""
   cells = {}
   for name in layouts:
     same = {l: next((o for o in lowerings[:i] if texts[name, o] == texts[name, l]), None)
             for i, l in enumerate(lowerings)}
-    cells[f'scan:{name}/{size.batch}'] = {
-        'stack': 'scan', 'layout': name, 'describe': LAYOUTS[name].describe(),
+    cells[f'{stack}:{name}/{size.batch}'] = {
+        'stack': stack, 'layout': name, 'describe': LAYOUTS[name].describe(),
         'batch': size.batch, 'compiled_only': True,
         'lowerings': {l: {**variants[name, l].row(), 'same_program_as': same[l]}
                       for l in lowerings}}
@@ -1139,7 +1170,7 @@ def _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, hlo_layo
       hlo_dir.mkdir(parents=True, exist_ok=True)
       for l in lowerings:
         if same[l] is None:
-          (hlo_dir / f'{name}_{l}_b{size.batch}.hlo.txt').write_text(
+          (hlo_dir / f'{stack}_{name}_{l}_b{size.batch}.hlo.txt').write_text(
               variants[name, l].compiled.as_text())
     _log(f'{name} batch {size.batch}: temp ' + ', '.join(
         f'{l} {variants[name, l].stats.temp_bytes / 2**20:,.0f} MiB' for l in lowerings))
@@ -1185,6 +1216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--profile', nargs='*', default=(), choices=list(LAYOUTS),
                       help='--grid: profile these layouts\' steps (with --hlo-dir)')
   parser.add_argument('--threads', type=int, default=4, help='--grid: parallel compiles')
+  parser.add_argument('--stack', choices=list(STACKS), default='scan',
+                      help='--grid: nn.scan(nn.remat(Layer)), or nn.vmap of'
+                      f' {BRANCHES} rematted layers (untied vs the default tie)')
   parser.add_argument('--compile-only', metavar='TOPOLOGY',
                       help='--grid: compile for this TPU topology (e.g. v5e:1x1, needs'
                       ' libtpu, no chip): memory and FLOPs, no steps')
@@ -1219,19 +1253,20 @@ def _main_grid(args) -> int:
   if 'untied' not in args.lowerings:
     raise SystemExit('--lowerings: the untied stack is every ratio\'s baseline')
   lowerings = ['untied', *(l for l in args.lowerings if l != 'untied')]
+  if args.stack == 'vmap':  # in_scan concerns nn.scan only
+    lowerings = ['untied', 'default']
   base = TINY if args.tiny else FULL
   out = GRID_RESULTS if args.out == RESULTS else args.out
   if args.compile_only:
     compile_only(args.compile_only)
   _log(f'{jax.devices()[0]}: grid of {len(args.layouts)} layouts, batches {args.batches}')
   cells = measure_grid(args.layouts, args.batches, lowerings, args.rounds, args.warmup,
-                       base, args.hlo_dir, args.profile, args.threads)
+                       base, args.hlo_dir, args.profile, args.threads, args.stack)
   meta = _meta(base, args.rounds, args.warmup)
   meta['size'].pop('batch')
   if args.compile_only:  # the programs of that device, compiled here
     meta.update(device=f'tpu: {COMPILE_ONLY["device_kind"]}', device_count=1,
-                compiled_only=f'compiled for {args.compile_only} without the chip'
-                f' ({platform.node()} CPU)')
+                compiled_only=f'compiled for {args.compile_only} on a CPU, without the chip')
   meta['layers'] = 'the layouts of benchmarks/device.py LAYOUTS'
   try:  # the TPU compiler's version, where there is one
     import importlib.metadata  # pylint: disable=import-outside-toplevel
