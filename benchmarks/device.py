@@ -509,6 +509,15 @@ class GridLayer(nn.Module):
     return x + GridMlp(self.size, name='mlp')(LayerNorm(name='ln2')(x)), None
 
 
+def _grid_source(module: nn.Module, x) -> None:
+  """Creates a tied grid model's source (``module.layout.shared``) in ``init``."""
+  if module.tied and module.is_initializing():
+    if module.layout.shared == 'attn':
+      GridAttention(module.size, module.layout, name='attn')(x[:, :1])
+    else:
+      GridMlp(module.size, name='mlp')(x[:, :1])
+
+
 class GridScanned(nn.Module):
   """``nn.scan(nn.remat(GridLayer))``; ``tied``: the layout's shared module
   is created at the encoder too, the source of ``layers/<shared>``."""
@@ -520,38 +529,24 @@ class GridScanned(nn.Module):
   @nn.compact
   def __call__(self, tokens):
     x = _embed(self, tokens, self.size)
-    if self.tied and self.is_initializing():  # creates the tie's source
-      if self.layout.shared == 'attn':
-        GridAttention(self.size, self.layout, name='attn')(x[:, :1])
-      else:
-        GridMlp(self.size, name='mlp')(x[:, :1])
+    _grid_source(self, x)
+    return _logits(self, self.layers(x), self.size)
+
+  def layers(self, x):
     stack = nn.scan(nn.remat(GridLayer), variable_axes={'params': 0},
                     split_rngs={'params': True}, length=self.size.layers)
-    x, _ = stack(self.size, self.layout, name='layers')(x, None)
-    return _logits(self, x, self.size)
+    return stack(self.size, self.layout, name='layers')(x, None)[0]
 
 
-class GridVmapped(nn.Module):
+class GridVmapped(GridScanned):
   """``BRANCHES`` rematted :class:`GridLayer` s side by side (``nn.vmap``),
   averaged; ``tied`` as :class:`GridScanned`'s (source of ``branches/<shared>``)."""
 
-  size: Size
-  layout: Layout
-  tied: bool = False
-
-  @nn.compact
-  def __call__(self, tokens):
-    x = _embed(self, tokens, self.size)
-    if self.tied and self.is_initializing():
-      if self.layout.shared == 'attn':
-        GridAttention(self.size, self.layout, name='attn')(x[:, :1])
-      else:
-        GridMlp(self.size, name='mlp')(x[:, :1])
+  def layers(self, x):
     branches = nn.vmap(nn.remat(GridLayer), variable_axes={'params': 0},
                        split_rngs={'params': True}, in_axes=(None, None), out_axes=0,
                        axis_size=BRANCHES)
-    x = branches(self.size, self.layout, name='branches')(x, None)[0].mean(axis=0)
-    return _logits(self, x, self.size)
+    return branches(self.size, self.layout, name='branches')(x, None)[0].mean(axis=0)
 
 
 # The lowerings of a grid cell: the untied stack, and the tied model by

@@ -278,20 +278,7 @@ def test_the_default_scans_a_read_only_source_as_scanned_does():
 def test_the_default_reads_the_source_of_an_unrecorded_scan_as_a_loop_invariant():
   """A scan made before the patch cannot stack: the default closes over,
   where ``in_scan='scanned'`` raises (test above)."""
-  flax_tieext.uninstall()
-  try:
-    layers = nn.scan(nn.remat(Layer), variable_axes={'params': 0},
-                     split_rngs={'params': True}, length=N)
-  finally:
-    flax_tieext.install()
-
-  class Encoder(nn.Module):
-
-    @nn.compact
-    def __call__(self, x):
-      nn.Dense(D, name='attn')(x)
-      return layers(name='layers')(x, None)[0]
-
+  Encoder = encoder_over_a_scan_made_before_the_patch()  # pylint: disable=invalid-name
   default = nn.tie(Encoder, {'layers/attn': 'attn'})()
   variables = default.init(jax.random.key(0), X)
   assert (D, D) in scan_inputs(default.apply, variables, X)
@@ -347,11 +334,10 @@ def test_a_write_to_a_source_outside_the_scan_is_refused_naming_the_scan(in_scan
   assert_says_how_to_fix(str(info.value))
 
 
-@installs_patch
-def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
+def encoder_over_a_scan_made_before_the_patch():
+  """An encoder whose ``nn.scan`` took Flax's own ``lift.scan`` (no record)."""
   flax_tieext.uninstall()
   try:
-    encoder = stacked()  # nn.scan applied now takes Flax's own lift.scan
     layers = nn.scan(nn.remat(Layer), variable_axes={'params': 0},
                      split_rngs={'params': True}, length=N)
   finally:
@@ -364,6 +350,12 @@ def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
       nn.Dense(D, name='attn')(x)
       return layers(name='layers')(x, None)[0]
 
+  return Encoder
+
+
+@installs_patch
+def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
+  Encoder = encoder_over_a_scan_made_before_the_patch()  # pylint: disable=invalid-name
   variables = tied(Encoder, 'broadcast').init(jax.random.key(0), X)
   with pytest.raises(TieError) as info:
     tied(Encoder, 'scanned').apply(variables, X)
@@ -371,7 +363,6 @@ def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
   assert_message_names(message, '/layers/attn', "in_scan='scanned'",
                        'import flax_tieext', "in_scan='broadcast'")
   assert_says_how_to_fix(message)
-  del encoder
 
 
 @needs_patch
