@@ -234,8 +234,9 @@ def tie(
       ``"broadcast"``, a loop invariant read by every iteration, as
       ``variable_broadcast`` collections are. ``None`` (the default) takes
       ``"scanned"`` wherever it can: a scan made by ``lift.scan`` while the
-      plugin is installed (one made before cannot tell its length, and reads
-      the source as a loop invariant). The same values and gradients either
+      plugin is installed (one made before cannot tell its length), for a
+      target inside the scanned body (a scanned scope tied whole to another
+      is scanned like its source already); elsewhere a loop invariant. The same values and gradients either
       way (the broadcast's transpose sums them); the compiled loop differs:
       ``"scanned"`` runs as the untied stack does, and holds its temporaries
       (a stacked gradient of the source); ``"broadcast"`` holds fewer, and

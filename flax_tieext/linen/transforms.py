@@ -296,9 +296,10 @@ def tie(
       (where the scan scans the tied collection, ``variable_axes``);
       ``"broadcast"``, a loop invariant every layer reads, as
       ``variable_broadcast`` collections are. ``None`` (the default) takes
-      ``"scanned"`` wherever it can (an ``nn.scan`` applied after
-      ``import flax_tieext``; one made before reads the source as a loop
-      invariant). Values and gradients are the same either way;
+      ``"scanned"`` wherever it can: an ``nn.scan`` applied after
+      ``import flax_tieext``, a target inside the scanned module (a stack
+      tied whole to another is scanned like its source already); elsewhere
+      a loop invariant. Values and gradients are the same either way;
       ``"scanned"`` steps as the untied stack does and holds its temporaries
       (a stacked gradient of the source), ``"broadcast"`` holds fewer but
       stepped up to 6% slower than the untied stack for a fused 2-D qkv
