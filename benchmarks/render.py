@@ -492,7 +492,9 @@ def grid(data: dict) -> list[str]:
               ' default was not compiled, the temp, args and FLOPs ratios are'
               ' `\'scanned\'`\'s, marked (s): the default\'s program wherever it'
               ' applies (`tests/test_device_benchmark.py` checks that they are one'
-              ' program).', '']
+              ' program). Compiled this way, the Accelerator section\'s `scan_tie`'
+              ' has the temp bytes, argument bytes and FLOPs measured on the chip,'
+              ' to the byte (4,276,676,608 temp bytes).', '']
   by_table: dict = {}
   for cell in cells.values():
     by_table.setdefault((cell['stack'], cell['batch']), []).append(cell)
