@@ -66,6 +66,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import os
@@ -393,6 +394,180 @@ def broadcast_before_scan(size: Size, prevent_cse: bool = True):
 
 
 # ---------------------------------------------------------------------------
+# The layouts grid: one module tied into nn.scan, written as users write it
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How a layer of the grid is written.
+
+  Attributes:
+    projection: the attention's q, k, v projection: ``'einsum4d'`` (one
+      ``(d, 3, heads, head_dim)`` kernel in an einsum, the models above),
+      ``'dense_general'`` (``nn.DenseGeneral`` with that 4-D kernel),
+      ``'fused2d'`` (one ``(d, 3 d)`` ``nn.Dense`` kernel, split and reshaped
+      to heads after the matmul, as GPT-2's ``c_attn`` ports write it),
+      ``'separate'`` (three ``(d, d)`` ``nn.Dense``), or ``'mha'`` (Flax's
+      ``nn.MultiHeadDotProductAttention``, which scales the query).
+    logits: ``'bf16'``: the q·k logits scaled in bf16, then softmaxed in f32;
+      ``'f32'``: cast to f32 before scaling.
+    shared: the submodule tied into every layer: ``'attn'`` or ``'mlp'``.
+  """
+
+  projection: str
+  logits: str = 'bf16'
+  shared: str = 'attn'
+
+  def describe(self) -> str:
+    what = {'einsum4d': '4-D kernel, einsum', 'dense_general': '`nn.DenseGeneral` 4-D',
+            'fused2d': '2-D fused qkv `nn.Dense`', 'separate': 'q, k, v `nn.Dense`',
+            'mha': '`nn.MultiHeadDotProductAttention`'}[self.projection]
+    if self.projection != 'mha':
+      what += f', logits {self.logits}'
+    return what if self.shared == 'attn' else f'shared MLP ({what} attention)'
+
+
+LAYOUTS = {
+    'einsum4d_bf16': Layout('einsum4d', 'bf16'),
+    'einsum4d_f32': Layout('einsum4d', 'f32'),
+    'dense_general_bf16': Layout('dense_general', 'bf16'),
+    'dense_general_f32': Layout('dense_general', 'f32'),
+    'fused2d_bf16': Layout('fused2d', 'bf16'),
+    'fused2d_f32': Layout('fused2d', 'f32'),
+    'separate_bf16': Layout('separate', 'bf16'),
+    'separate_f32': Layout('separate', 'f32'),
+    'mha': Layout('mha'),
+    'shared_mlp': Layout('einsum4d', 'bf16', shared='mlp'),
+}
+
+
+class GridAttention(nn.Module):
+  """Self-attention as :class:`Layout` writes it."""
+
+  size: Size
+  layout: Layout
+
+  @nn.compact
+  def __call__(self, x):
+    kind = self.layout.projection
+    b, l, d = x.shape
+    h = self.size.heads
+    hd = d // h
+    if kind == 'mha':
+      return nn.MultiHeadDotProductAttention(num_heads=h, dtype=DTYPE, name='mha')(x)
+    dense = lambda n, name: nn.Dense(n, use_bias=False, dtype=DTYPE, name=name)
+    if kind == 'einsum4d':
+      wqkv = self.param('wqkv', _normal, (d, 3, h, hd))
+      qkv = jnp.einsum('bld,dthk->btlhk', x, wqkv.astype(DTYPE))
+      q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    elif kind == 'dense_general':
+      qkv = nn.DenseGeneral((3, h, hd), use_bias=False, dtype=DTYPE, name='qkv')(x)
+      q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+    elif kind == 'fused2d':
+      qkv = dense(3 * d, 'c_attn')(x)
+      q, k, v = (t.reshape(b, l, h, hd) for t in jnp.split(qkv, 3, axis=-1))
+    elif kind == 'separate':
+      q, k, v = (dense(d, n)(x).reshape(b, l, h, hd) for n in ('q', 'k', 'v'))
+    else:
+      raise ValueError(f'unknown projection {kind!r}')
+    logits = jnp.einsum('bqhk,bshk->bhqs', q, k)
+    if self.layout.logits == 'f32':
+      logits = logits.astype(jnp.float32) / jnp.sqrt(hd).astype(jnp.float32)
+    else:
+      logits = logits / jnp.sqrt(hd).astype(DTYPE)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(DTYPE)
+    y = jnp.einsum('bhqs,bshk->bqhk', weights, v)
+    if kind == 'einsum4d':
+      return jnp.einsum('bqhk,hkd->bqd', y, self.param(
+          'wout', _normal, (h, hd, d)).astype(DTYPE))
+    if kind == 'dense_general':
+      return nn.DenseGeneral(d, axis=(-2, -1), use_bias=False, dtype=DTYPE,
+                             name='out')(y)
+    return dense(d, 'c_proj')(y.reshape(b, l, d))
+
+
+class GridMlp(nn.Module):
+
+  size: Size
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Dense(self.size.d_ff, dtype=DTYPE, name='wi')(x)
+    return nn.Dense(self.size.d_model, dtype=DTYPE, name='wo')(jax.nn.gelu(y))
+
+
+class GridLayer(nn.Module):
+  """A pre-norm scan body, ``(carry, x) -> (carry, None)``."""
+
+  size: Size
+  layout: Layout
+
+  @nn.compact
+  def __call__(self, x, _):
+    x = x + GridAttention(self.size, self.layout, name='attn')(LayerNorm(name='ln1')(x))
+    return x + GridMlp(self.size, name='mlp')(LayerNorm(name='ln2')(x)), None
+
+
+def _grid_source(module: nn.Module, x) -> None:
+  """Creates a tied grid model's source (``module.layout.shared``) in ``init``."""
+  if module.tied and module.is_initializing():
+    if module.layout.shared == 'attn':
+      GridAttention(module.size, module.layout, name='attn')(x[:, :1])
+    else:
+      GridMlp(module.size, name='mlp')(x[:, :1])
+
+
+class GridScanned(nn.Module):
+  """``nn.scan(nn.remat(GridLayer))``; ``tied``: the layout's shared module
+  is created at the encoder too, the source of ``layers/<shared>``."""
+
+  size: Size
+  layout: Layout
+  tied: bool = False
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = _embed(self, tokens, self.size)
+    _grid_source(self, x)
+    return _logits(self, self.layers(x), self.size)
+
+  def layers(self, x):
+    stack = nn.scan(nn.remat(GridLayer), variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=self.size.layers)
+    return stack(self.size, self.layout, name='layers')(x, None)[0]
+
+
+class GridVmapped(GridScanned):
+  """``BRANCHES`` rematted :class:`GridLayer` s side by side (``nn.vmap``),
+  averaged; ``tied`` as :class:`GridScanned`'s (source of ``branches/<shared>``)."""
+
+  def layers(self, x):
+    branches = nn.vmap(nn.remat(GridLayer), variable_axes={'params': 0},
+                       split_rngs={'params': True}, in_axes=(None, None), out_axes=0,
+                       axis_size=BRANCHES)
+    return branches(self.size, self.layout, name='branches')(x, None)[0].mean(axis=0)
+
+
+# The lowerings of a grid cell: the untied stack, and the tied model by
+# in_scan (None: nn.tie's default, no in_scan given). ``nn.vmap`` has no
+# in_scan: its cells compare the untied branches with the default tie.
+LOWERINGS = {'untied': 'untied stack', 'broadcast': "`in_scan='broadcast'` (closed over)",
+             'scanned': "`in_scan='scanned'`", 'default': 'default (no `in_scan`)'}
+STACKS = {'scan': (GridScanned, 'layers'), 'vmap': (GridVmapped, 'branches')}
+
+
+def grid_model(size: Size, layout: Layout, lowering: str, stack: str = 'scan') -> nn.Module:
+  """The model of one grid cell's ``lowering`` (a key of :data:`LOWERINGS`)."""
+  model, stacked = STACKS[stack]
+  if lowering == 'untied':
+    return model(size, layout)
+  ties = {f'{stacked}/{layout.shared}': layout.shared}
+  kwargs = {} if lowering == 'default' else {'in_scan': lowering}
+  return nn.tie(model, ties, **kwargs)(size, layout, tied=True)
+
+
+# ---------------------------------------------------------------------------
 # Equinox and NNX
 # ---------------------------------------------------------------------------
 
@@ -542,8 +717,11 @@ def _variants(size: Size) -> dict[str, tuple[str, Callable[[], tuple]]]:
       'nnx_graph': ('NNX graph mode, shared reference', lambda: nnx_model(size, True)),
       'nnx_tree': ('NNX tree mode, `flax_tieext.nnx.tie`', lambda: nnx_model(size, False)),
       'scan_untied': ('untied stack', lambda: _linen(Scanned(size, 'untied'), size)),
-      'scan_tie': ('one attention tied into the stack (`nn.tie`)',
-                   lambda: _linen(nn.tie(Scanned, SCAN_TIES)(size, 'tie'), size)),
+      # Closed over, explicitly: the default before issue 53, which these
+      # groups' stored results measured (the grid measures the default).
+      'scan_tie': ("one attention tied into the stack (`nn.tie`, `in_scan='broadcast'`)",
+                   lambda: _linen(nn.tie(Scanned, SCAN_TIES, in_scan='broadcast')(
+                       size, 'tie'), size)),
       'scan_variable_broadcast': ('`variable_broadcast` (closed over)', lambda: _linen(
           Scanned(size, 'variable_broadcast'), size)),
       'scan_broadcast_before': ('tied weights broadcast to a stack before the scan',
@@ -557,7 +735,8 @@ def _variants(size: Size) -> dict[str, tuple[str, Callable[[], tuple]]]:
       'vmap_broadcast_before': ('tied weights broadcast to the branches before the vmap',
                                 lambda: broadcast_before_vmap(size)),
       'scan_tie_no_cse': ('tied, `prevent_cse=False`', lambda: _linen(
-          nn.tie(Scanned, SCAN_TIES)(size, 'tie', prevent_cse=False), size)),
+          nn.tie(Scanned, SCAN_TIES, in_scan='broadcast')(size, 'tie', prevent_cse=False),
+          size)),
       'scan_untied_no_cse': ('untied, `prevent_cse=False`', lambda: _linen(
           Scanned(size, 'untied', prevent_cse=False), size)),
   }
@@ -655,23 +834,52 @@ def _peak(stats: dict | None) -> tuple[str | None, int | None]:
   return None, None
 
 
+# --compile-only TOPOLOGY: compile for a TPU topology that this machine need
+# not have (jax.experimental.topologies, with libtpu installed): the compiled
+# programs' memory and FLOPs, no steps.
+COMPILE_ONLY: dict[str, Any] = {'sharding': None, 'topology': None}
+
+
+def compile_only(topology: str) -> None:
+  """Compiles every variant for ``topology`` (e.g. ``'v5e:1x1'``) from now on."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  devices = topologies.get_topology_desc(
+      topology_name=topology, platform='tpu', chips_per_host_bounds=[1, 1, 1]).devices
+  COMPILE_ONLY.update(sharding=jax.sharding.SingleDeviceSharding(devices[0]),
+                      topology=topology, device_kind=devices[0].device_kind)
+
+
 class Variant:
   """One model's train step: compiled, its state built on demand."""
 
-  def __init__(self, name: str, label: str, make: Callable[[], tuple], size: Size):
+  def __init__(self, name: str, label: str, make: Callable[[], tuple], size: Size,
+               compile_now: bool = True):
     self.name, self.label = name, label
     build_state, step = make()
     self.build_state = jax.jit(build_state)
     self.step = jax.jit(step, donate_argnums=0)
-    tokens = jax.ShapeDtypeStruct((size.batch, size.length), jnp.int32)
-    abstract = jax.eval_shape(build_state)
-    self.compiled, self.stats = measure.compile_stats(self.step, abstract, tokens, tokens)
+    sharding = COMPILE_ONLY['sharding']  # None: the default device
+    tokens = jax.ShapeDtypeStruct((size.batch, size.length), jnp.int32, sharding=sharding)
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        jax.eval_shape(build_state))
+    t0 = time.perf_counter()
+    self.lowered = self.step.lower(abstract, tokens, tokens)
+    self.lower_seconds = time.perf_counter() - t0
+    self.state = None
+    self.peak: dict[str, Any] = {}
+    if compile_now:
+      self.compile()
+
+  def compile(self) -> Variant:
+    """Compiles the lowered step (threads may compile several at once)."""
+    self.compiled, self.stats = measure.compile_lowered(self.lowered, self.lower_seconds)
+    self.lowered = None
     memory = self.compiled.memory_analysis()
     self.alias_bytes = int(getattr(memory, 'alias_size_in_bytes', 0))
     self.footprint = (self.stats.argument_bytes + self.stats.temp_bytes
                       + self.stats.output_bytes - self.alias_bytes)
-    self.state = None
-    self.peak: dict[str, Any] = {}
+    return self
 
   def row(self) -> dict[str, Any]:
     s = self.stats
@@ -787,6 +995,187 @@ def _measure_groups(groups, size, rounds, warmup, hlo_dir):
   return {'groups': results, 'variants': {n: v.row() for n, v in variants.items()}}
 
 
+# ---------------------------------------------------------------------------
+# Measuring the layouts grid
+# ---------------------------------------------------------------------------
+
+
+GRID_RESULTS = ROOT / 'benchmarks' / 'device_results_grid.json'
+
+
+def program_text(compiled) -> str:
+  """The optimized HLO without source locations: equal texts, one program."""
+  text = re.sub(r', metadata=\{[^}]*\}', '', compiled.as_text())
+  return '\n'.join(line for line in text.splitlines()
+                   if line.startswith(('HloModule', 'ENTRY', '%', ' ', '}')))
+
+
+def profile_ops(run: Callable[[], Any], steps: int = 3) -> dict[str, Any]:
+  """Device time per HLO instruction over ``steps`` calls of ``run``.
+
+  ``jax.profiler``'s trace, read back with ``jax.profiler.ProfileData``:
+  ``{'<line>|<event>': [nanoseconds per step, events per step]}`` of the
+  device planes (an instruction inside a loop counts once per iteration).
+  Empty where the backend records no device plane (the CPU).
+  """
+  import tempfile  # pylint: disable=import-outside-toplevel
+  jax.block_until_ready(run())
+  with tempfile.TemporaryDirectory() as log_dir:
+    jax.profiler.start_trace(log_dir)
+    try:
+      for _ in range(steps):
+        jax.block_until_ready(run())
+    finally:
+      jax.profiler.stop_trace()
+    paths = sorted(pathlib.Path(log_dir).rglob('*.xplane.pb'))
+    data = jax.profiler.ProfileData.from_file(str(paths[-1])) if paths else None
+  totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+  for plane in data.planes if data else ():
+    if not plane.name.startswith('/device:'):
+      continue
+    for line in plane.lines:
+      for event in line.events:
+        total = totals[f'{line.name}|{event.name}']
+        total[0] += event.duration_ns / steps
+        total[1] += 1 / steps
+  return dict(totals)
+
+
+def measure_grid(layouts: Sequence[str], batches: Sequence[int],
+                 lowerings: Sequence[str], rounds: int, warmup: int, base: Size = FULL,
+                 hlo_dir: pathlib.Path | None = None, profile: Sequence[str] = (),
+                 threads: int = 4, stack: str = 'scan') -> dict[str, Any]:
+  """The grid's cells: each layout at each batch, every lowering against the
+  untied stack (which ``lowerings`` must hold), in ``stack`` (a key of
+  :data:`STACKS`). Installs the patch for the run, as :func:`measure_groups`
+  does."""
+  was_installed = flax_tieext.is_installed()
+  flax_tieext.install()
+  try:
+    cells = {}
+    for batch in sorted(batches):  # the peak counter only rises: small first
+      cells.update(_measure_grid_batch(layouts, dataclasses.replace(base, batch=batch),
+                                       lowerings, rounds, warmup, hlo_dir, profile, threads,
+                                       stack))
+    return cells
+  finally:
+    if not was_installed:
+      flax_tieext.uninstall()
+
+
+def _measure_grid_batch(layouts, size, lowerings, rounds, warmup, hlo_dir, profile,
+                        threads, stack):
+  import concurrent.futures  # pylint: disable=import-outside-toplevel
+  variants = {}
+  for name in layouts:
+    for lowering in lowerings:
+      make = functools.partial(_linen, grid_model(size, LAYOUTS[name], lowering, stack),
+                               size)
+      variants[name, lowering] = Variant(f'{name}/{lowering}', LOWERINGS[lowering], make,
+                                         size, compile_now=False)
+  # The tied lowerings of a layout initialize the same variables: one init.
+  inits = {}
+  for (name, lowering), v in variants.items():
+    v.build_state = inits.setdefault((name, lowering == 'untied'), v.build_state)
+  if COMPILE_ONLY['sharding'] is not None:
+    inits = {}  # no states: nothing runs
+  _log(f'batch {size.batch}: lowered {len(variants)}, compiling ({threads} threads)')
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    init_jobs = {k: pool.submit(lambda f: f.lower().compile(), f) for k, f in inits.items()}
+    jobs = [pool.submit(Variant.compile, v) for v in variants.values()]
+    compiled_inits = {k: job.result() for k, job in init_jobs.items()}
+    for job in jobs:
+      job.result()
+  for (name, lowering), v in variants.items():
+    v.build_state = compiled_inits.get((name, lowering == 'untied'))
+  _log(f'batch {size.batch}: compiled')
+  texts = {key: program_text(v.compiled) for key, v in variants.items()}
+  if COMPILE_ONLY['sharding'] is not None:
+    return _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, profile,
+                           stack)
+  tokens, targets = _batch(size)
+  device = jax.devices()[0]
+
+  # Peak memory: one variant at a time; TPUs' peak_bytes_reserved follows the
+  # temporaries, so the smallest temporaries first.
+  before = _peak(device.memory_stats())[1]
+  for v in sorted(variants.values(), key=lambda v: (v.stats.temp_bytes, v.footprint)):
+    v.state = v.build_state()
+    for _ in range(2):
+      jax.block_until_ready(v.run(tokens, targets))
+    stats = device.memory_stats()
+    key, peak = _peak(stats)
+    v.peak = {'peak_key': key, 'peak_bytes': peak,
+              'peak_raised': None if peak is None else before is None or peak > before}
+    before = peak if peak is not None else before
+    v.state = None
+    gc.collect()
+
+  cells = {}
+  for name in layouts:
+    mine = {lowering: variants[name, lowering] for lowering in lowerings}
+    # A lowering that compiles to another's very program is that program.
+    same = {l: next((o for o in lowerings[:i] if texts[name, o] == texts[name, l]), None)
+            for i, l in enumerate(lowerings)}
+    timed = [l for l in lowerings if same[l] is None]
+    for l in timed:
+      mine[l].state = mine[l].build_state()
+    timer = measure.Interleaved({
+        l: (lambda v=mine[l]: v.run(tokens, targets)) for l in timed}).run(rounds, warmup)
+    ops = {}
+    for l in timed if name in profile else ():
+      try:
+        ops[l] = profile_ops(lambda v=mine[l]: v.run(tokens, targets))
+      except Exception as e:  # pylint: disable=broad-except
+        ops[l] = {'error': repr(e)}  # the profiler is optional; the timing stands
+    for l in timed:
+      mine[l].state = None
+    gc.collect()
+    rows = {}
+    for l in lowerings:
+      t = same[l] or l
+      median, q1, q3 = timer.ratio(t, 'untied')
+      rows[l] = {**mine[l].row(), 'same_program_as': same[l],
+                 'step_seconds': timer.median(t), 'step_spread': timer.spread(t),
+                 'step_ratio': timer.median(t) / timer.median('untied'),
+                 'round_ratio_median_iqr': [median, q1, q3]}
+    cells[f'{stack}:{name}/{size.batch}'] = {
+        'stack': stack, 'layout': name, 'describe': LAYOUTS[name].describe(),
+        'batch': size.batch, 'lowerings': rows}
+    _log(f'{name} batch {size.batch}: ' + ', '.join(
+        f'{l} {rows[l]["step_ratio"]:.3f}' + (f' (= {same[l]})' if same[l] else '')
+        for l in lowerings if l != 'untied'))
+    if hlo_dir is not None and name in profile:
+      hlo_dir.mkdir(parents=True, exist_ok=True)
+      for l in timed:
+        (hlo_dir / f'{stack}_{name}_{l}_b{size.batch}.hlo.txt').write_text(
+            mine[l].compiled.as_text())
+      (hlo_dir / f'{stack}_{name}_b{size.batch}.profile.json').write_text(json.dumps(ops))
+  return cells
+
+
+def _compiled_cells(layouts, size, lowerings, variants, texts, hlo_dir, hlo_layouts, stack):
+  """The cells of a compile-only run: each program's memory and FLOPs."""
+  cells = {}
+  for name in layouts:
+    same = {l: next((o for o in lowerings[:i] if texts[name, o] == texts[name, l]), None)
+            for i, l in enumerate(lowerings)}
+    cells[f'{stack}:{name}/{size.batch}'] = {
+        'stack': stack, 'layout': name, 'describe': LAYOUTS[name].describe(),
+        'batch': size.batch, 'compiled_only': True,
+        'lowerings': {l: {**variants[name, l].row(), 'same_program_as': same[l]}
+                      for l in lowerings}}
+    if hlo_dir is not None and name in hlo_layouts:
+      hlo_dir.mkdir(parents=True, exist_ok=True)
+      for l in lowerings:
+        if same[l] is None:
+          (hlo_dir / f'{stack}_{name}_{l}_b{size.batch}.hlo.txt').write_text(
+              variants[name, l].compiled.as_text())
+    _log(f'{name} batch {size.batch}: temp ' + ', '.join(
+        f'{l} {variants[name, l].stats.temp_bytes / 2**20:,.0f} MiB' for l in lowerings))
+  return cells
+
+
 def _meta(size: Size, rounds: int, warmup: int) -> dict[str, Any]:
   device = jax.devices()[0]
   return {
@@ -814,10 +1203,29 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--flax-layers', action='store_true',
                       help='Linen models: Flax\'s own Dense/DenseGeneral/LayerNorm layers')
   parser.add_argument('--hlo-dir', type=pathlib.Path,
-                      help='write the NNX pair\'s optimized HLO here')
+                      help='write the NNX pair\'s optimized HLO here (--grid: the'
+                      ' profiled layouts\' HLO and device time per instruction)')
+  parser.add_argument('--grid', action='store_true',
+                      help='the layouts grid instead of the groups (default --out:'
+                      f' {GRID_RESULTS.relative_to(ROOT)})')
+  parser.add_argument('--layouts', nargs='+', choices=list(LAYOUTS), default=list(LAYOUTS))
+  parser.add_argument('--batches', nargs='+', type=int, default=[16, 4, 32])
+  parser.add_argument('--lowerings', nargs='+', choices=list(LOWERINGS),
+                      default=list(LOWERINGS))
+  parser.add_argument('--profile', nargs='*', default=(), choices=list(LAYOUTS),
+                      help='--grid: profile these layouts\' steps (with --hlo-dir)')
+  parser.add_argument('--threads', type=int, default=4, help='--grid: parallel compiles')
+  parser.add_argument('--stack', choices=list(STACKS), default='scan',
+                      help='--grid: nn.scan(nn.remat(Layer)), or nn.vmap of'
+                      f' {BRANCHES} rematted layers (untied vs the default tie)')
+  parser.add_argument('--compile-only', metavar='TOPOLOGY',
+                      help='--grid: compile for this TPU topology (e.g. v5e:1x1, needs'
+                      ' libtpu, no chip): memory and FLOPs, no steps')
   args = parser.parse_args(argv)
-  if args.tiny:
+  if args.tiny and not args.compile_only:  # (XLA:TPU needs the pass the flag drops)
     measure.keep_remat_on_cpu()  # (CPU only: see flax_tieext.examples.measure)
+  if args.grid:
+    return _main_grid(args)
   FLAX_LAYERS['on'] = args.flax_layers
   size = TINY if args.tiny else FULL
   if args.batch:
@@ -837,6 +1245,42 @@ def main(argv: Sequence[str] | None = None) -> int:
   args.out.write_text(json.dumps({'meta': meta, **measured}, indent=2, sort_keys=True,
                                  default=dict) + '\n')
   _log(f'wrote {args.out}')
+  return 0
+
+
+def _main_grid(args) -> int:
+  if 'untied' not in args.lowerings:
+    raise SystemExit('--lowerings: the untied stack is every ratio\'s baseline')
+  lowerings = ['untied', *(l for l in args.lowerings if l != 'untied')]
+  if args.stack == 'vmap':  # in_scan concerns nn.scan only
+    lowerings = ['untied', 'default']
+  base = TINY if args.tiny else FULL
+  out = GRID_RESULTS if args.out == RESULTS else args.out
+  if args.compile_only:
+    compile_only(args.compile_only)
+  _log(f'{jax.devices()[0]}: grid of {len(args.layouts)} layouts, batches {args.batches}')
+  cells = measure_grid(args.layouts, args.batches, lowerings, args.rounds, args.warmup,
+                       base, args.hlo_dir, args.profile, args.threads, args.stack)
+  meta = _meta(base, args.rounds, args.warmup)
+  meta['size'].pop('batch')
+  if args.compile_only:  # the programs of that device, compiled here
+    meta.update(device=f'tpu: {COMPILE_ONLY["device_kind"]}', device_count=1,
+                compiled_only=f'compiled for {args.compile_only} on a CPU, without the chip')
+  meta['layers'] = 'the layouts of benchmarks/device.py LAYOUTS'
+  try:  # the TPU compiler's version, where there is one
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    meta['libtpu'] = importlib.metadata.version('libtpu')
+  except Exception:  # pylint: disable=broad-except
+    pass
+  for cell in cells.values():
+    cell['date'] = meta['date']
+  previous = json.loads(out.read_text()) if out.exists() else {}
+  if all(previous.get('meta', {}).get(k) == meta[k] for k in ('size', 'device')):
+    cells = {**previous['cells'], **cells}
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps({'meta': meta, 'cells': cells}, indent=2, sort_keys=True,
+                            default=dict) + '\n')
+  _log(f'wrote {out}')
   return 0
 
 

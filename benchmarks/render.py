@@ -449,6 +449,162 @@ def accelerator(data: dict, heading: str = '## Accelerator') -> list[str]:
   return lines + ['']
 
 
+GRID_LOWERINGS = (('broadcast', "`'broadcast'`"), ('scanned', "`'scanned'`"))
+
+
+def _mib(b) -> str:
+  return 'n/a' if b is None else f'{b / 2**20:,.0f}'
+
+
+def grid(data: dict) -> list[str]:
+  """The layouts grid (``benchmarks/device.py --grid``): one table per stack
+  and batch, each tied lowering against the untied stack."""
+  meta, cells = data['meta'], data['cells']
+  size = meta['size']
+  dates = sorted({c.get('date', meta['date']) for c in cells.values()})
+  when = dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}'
+  compiled = [c for c in cells.values() if c.get('compiled_only')]
+  lines = [
+      '## Accelerator: one module tied into a stack, on a grid of layouts',
+      '',
+      '<!-- From benchmarks/device_results_grid.json, written by benchmarks/device.py'
+      ' --grid (nox -s bench -- --device --grid). -->',
+      '',
+      f'{when}, {meta["device"]}: jax {meta["jax"]}, flax {meta["flax"]}'
+      + (f', libtpu {meta["libtpu"]}' if meta.get('libtpu') else '') + '.'
+      f' One jitted Adam train step of `nn.scan(nn.remat(Layer))` (or `nn.vmap`),'
+      f' {meta["dtype"]}: vocabulary {size["vocab"]}, d_model {size["d_model"]},'
+      f' {size["heads"]} heads, d_ff {size["d_ff"]}, {size["layers"]} layers, sequence'
+      f' {size["length"]}; each layer\'s attention (or MLP) is the module tied into'
+      ' every layer, written as `LAYOUTS` in `benchmarks/device.py` says. Ratios are'
+      ' against the untied stack: step time, median of'
+      f' {meta["rounds"]} interleaved rounds (IQR of the per-round ratios); peak:'
+      ' `memory_stats()` after two steps, smallest temporaries first ((≤): did not'
+      ' raise the counter); temp and argument bytes and FLOPs: the compiled step.'
+      ' *default* is `nn.tie` without `in_scan`; "= scanned" where it compiles to'
+      ' that very program.',
+      '',
+  ]
+  if compiled:
+    how = meta.get('compiled_only', 'without the chip')
+    lines += [f'Compiled only, {how}: {len(compiled)} of the {len(cells)} cells, their'
+              ' programs\' memory and FLOPs, no step time or peak ("–"); where the'
+              ' default was not compiled, the temp, args and FLOPs ratios are'
+              ' `\'scanned\'`\'s, marked (s): the default\'s program wherever it'
+              ' applies (`tests/test_device_benchmark.py` checks that they are one'
+              ' program). Compiled this way, the Accelerator section\'s `scan_tie`'
+              ' has the temp bytes, argument bytes and FLOPs measured on the chip,'
+              ' to the byte (4,276,676,608 temp bytes).', '']
+  by_table: dict = {}
+  for cell in cells.values():
+    by_table.setdefault((cell['stack'], cell['batch']), []).append(cell)
+  for (stack, batch), rows in sorted(by_table.items()):
+    lines += [f'**`nn.{stack}`, batch {batch}**', '']
+    table = []
+    for cell in sorted(rows, key=lambda c: c['layout']):
+      low = cell['lowerings']
+      untied = low['untied']
+
+      def step(l, low=low):
+        if l not in low or 'step_ratio' not in low[l]:
+          return '–'
+        _, q1, q3 = low[l]['round_ratio_median_iqr']
+        return f'{low[l]["step_ratio"]:.3f} ({q1:.3f}–{q3:.3f})'
+
+      default = low.get('default', {})
+      same = default.get('same_program_as')
+      # The ratios of the default's program; where the default was not
+      # compiled, of 'scanned' (its program wherever it applies: the tests).
+      mine = default or low.get('scanned', {})
+      peak = '–'
+      if default.get('peak_bytes') and untied.get('peak_bytes'):
+        peak = f'{default["peak_bytes"] / untied["peak_bytes"]:.3f}' + (
+            '' if default.get('peak_raised', True) else f'{NBSP}(≤)')
+      temps = ' / '.join(_mib(low[l]['temp_bytes']) for l in
+                         ('untied', 'broadcast', 'scanned') if l in low)
+      table.append((
+          f'`{cell["layout"]}`: {cell["describe"]}',
+          f'**{step("default")}**' + (f' = {same}' if same else ''),
+          *(step(l) for l, _ in GRID_LOWERINGS if stack == 'scan'),
+          peak, temps,
+          _ratio_cell(mine.get('temp_bytes'), untied['temp_bytes'])
+          + ('' if default else f'{NBSP}(s)'),
+          _ratio_cell(mine.get('argument_bytes'), untied['argument_bytes']),
+          _ratio_cell(mine.get('flops'), untied['flops'])))
+    header = ('layout', 'default: step (IQR)',
+              *(name for _, name in GRID_LOWERINGS if stack == 'scan'),
+              'peak', 'temp MiB: untied / broadcast / scanned'
+              if stack == 'scan' else 'temp MiB: untied', 'temp', 'args', 'FLOPs')
+    lines += _table(header, table) + ['']
+  return lines + SCAN_HLO_FINDING + ['']
+
+
+# Why the closed-over ('broadcast') scan tie can be slower, and why
+# 'scanned' holds more temporaries: the optimized TPU v5e programs of the
+# grid's fused2d_f32 layout at batch 16 (benchmarks/device.py --grid
+# --compile-only v5e:1x1 --hlo-dir), read instruction by instruction.
+SCAN_HLO_FINDING = [
+    '### Why the lowerings differ: the optimized HLO',
+    '',
+    'The optimized TPU v5e programs of `fused2d_f32` (a 2-D fused qkv `nn.Dense`'
+    ' kernel, f32 logits; batch 16), closed over (`\'broadcast\'`) beside'
+    ' scanned (`\'scanned\'`), compiled by libtpu 0.0.42.1 (`device.py --grid'
+    ' --compile-only v5e:1x1 --hlo-dir DIR`; the instruction names below are'
+    ' that compile\'s). Each has one forward loop and one backward loop of 12'
+    ' iterations; no `opt-barrier` survives optimization in either, and their'
+    ' loop bodies hold the same fusions but for these differences.',
+    '',
+    '1. *The weight\'s f32→bf16 cast is hoisted out of both loops either way.*'
+    ' Closed over, once: `%convert.95 = bf16[1024,3072]{1,0:T(8,128)(2,1)}'
+    ' convert(...)`, and the loops carry the bf16 weight as a loop invariant'
+    ' (`bf16[1024,3072]{1,0}`, and the output projection\'s as'
+    ' `bf16[1024,1024]{0,1}` in the forward loop). Scanned, once for the whole'
+    ' stack: `%broadcast_in_dim.118 = bf16[12,1024,3072]{2,1,0:T(8,128)(2,1)}'
+    ' broadcast(%custom-call.22), dimensions={1,2}`: the broadcast is'
+    ' *materialized*, 12 copies of one weight (72 MiB, 24 MiB more for the'
+    ' output projection) that each iteration slices back'
+    ' (`%dynamic-slice_bitcast_fusion.12`). This is where `\'scanned\'`\'s extra'
+    ' temporaries start (`patches/jax/scan_over_broadcast_materialized.md`).',
+    '2. *Where the weight\'s gradient goes.* Closed over, into a loop-carried f32'
+    ' accumulator, fused onto the weight-gradient matmul:'
+    ' `%select_add_fusion.5 = f32[1024,3072]{1,0:T(8,128)} fusion(%get-tuple-element.1159,'
+    ' %compare.21, ...)`, whose fused computation is `select(i == 0, 0, acc) +'
+    ' convert(convolution(...))`: a read-modify-write of 12 MiB in HBM per layer.'
+    ' Scanned, into the stacked output: `%bitcast_dynamic-update-slice_fusion.13 ='
+    ' f32[12,1024,3072]{2,1,0:T(8,128)} fusion(...)`, summed after the loop'
+    ' (`%reduce_sum.390 = f32[1024,3072] reduce(%while.36, ...)`): 192 MiB of'
+    ' per-layer f32 gradients live at the end of the backward loop, the other'
+    ' part of `\'scanned\'`\'s temporaries (the untied stack holds the same).',
+    '3. *Where the weight lives while the loop reads it.* Scanned, each'
+    ' iteration\'s slice is written into on-chip memory (`S(1)`):'
+    ' `%dynamic-slice_bitcast_fusion.12 = bf16[1024,3072]{1,0:T(8,128)(2,1)S(1)}`,'
+    ' and the recomputed projection (`%fusion.383`) and the input-gradient'
+    ' fusion (`%fusion.399`, reading `%copy-done.21`, `S(1)`) read it there.'
+    ' Closed over, memory-space assignment leaves the loop invariant in HBM:'
+    ' `%fusion.381` and `%fusion.397` read `%get-tuple-element.1203 ='
+    ' bf16[1024,3072]{1,0:T(8,128)(2,1)}` (no `S(1)`), in both loops (the 2 MiB'
+    ' output projection is prefetched, `%copy-start.46`; the 6 MiB fused qkv'
+    ' kernel never is). A pure-JAX `lax.scan` of a (1024, 3072) matmul compiled'
+    ' for the v5e shows the same placement (the report, below its reproducer).',
+    '',
+    'What that costs in time, the compiler\'s own cost model (`estimated_cycles`'
+    ' in each fusion\'s backend config) prices per backward iteration at'
+    ' +432,664 cycles for the input-gradient fusion (1,549,472 closed over vs'
+    ' 1,116,808 scanned), +34,744 for the weight-gradient accumulation (889,712'
+    ' vs 854,968) and +17,443 for the recomputed projection (830,756 vs'
+    ' 813,313): about 0.9% of a step, where issue 53 measured 5.4%. The same'
+    ' model prices the bf16-logits layout `fused2d_bf16` *higher* (+2.3% for its'
+    ' backward loop, +745,000 cycles for the same input-gradient fusion), which'
+    ' issue 53 measured *faster* closed over than the untied stack. So the'
+    ' HLO differences are the ones above, but the compile-time cost model does'
+    ' not tell which layouts they make slower: no rule read from the compiled'
+    ' program chooses the lowering, and the default scans (`docs/scaling.md`).'
+    ' The time each instruction takes on the chip is what `device.py --grid'
+    ' --profile fused2d_f32 --hlo-dir DIR` records (`jax.profiler`, per HLO'
+    ' instruction), to be run where a TPU is lent.',
+]
+
+
 def _earlier_scan_numbers(groups: dict) -> list[str]:
   """These numbers beside issue 46's (an earlier TPU v5e run, other code)."""
   ratios = {p['candidate']: p['step_ratio'] for name in ('scan', 'prevent_cse')
@@ -553,10 +709,12 @@ def render_markdown(data: dict, png: str | None, device: Sequence[dict] = ()) ->
   for key, render in SECTIONS:
     if key in results:
       lines += render(results[key])
-  for i, one in enumerate(device or ()):
+  for i, one in enumerate(d for d in device or () if 'cells' not in d):
     lines += accelerator(one, '## Accelerator' if i == 0 else
                          f'### Accelerator: {one["meta"].get("layers", "")},'
                          f' batch {one["meta"]["size"]["batch"]}')
+  for one in (d for d in device or () if 'cells' in d):
+    lines += grid(one)
   return '\n'.join(lines).rstrip() + '\n'
 
 

@@ -401,12 +401,15 @@ def _scope_variables(variables):
 
 
 def _nnx_scan(scan):
-  """``nnx.scan``: a failed call that sliced a tied source names the tie.
+  """``nnx.scan``: tied sources scanned over, and errors that name the tie.
 
-  Where JAX refuses the leading axes of what the scan slices, a source that
-  an NNX tie broadcasts into a stack may be among them; the hook asks
-  ``tielib.sliced_source`` and raises its TieError from JAX's error, or lets
-  the error pass. A call that does not fail runs Flax's own. Upstream,
+  A source that an NNX tie broadcasts into a stack, given ``None`` in the
+  scan's prefix, is scanned over where the tie's ``in_scan`` says so
+  (``tielib.scanned_sources``: the call runs Flax's own scan with that
+  source broadcast to the stack and its prefix 0). Where JAX refuses the
+  leading axes of what the scan slices, such a source may be among them; the
+  hook asks ``tielib.sliced_source`` and raises its TieError from JAX's
+  error, or lets the error pass. Any other call runs Flax's own. Upstream,
   ``scan`` would ask where it calls ``jax.lax.scan``. Without tree mode
   (``graph=``) there are no NNX ties, and Flax's ``scan`` stays.
   """
@@ -423,11 +426,18 @@ def _nnx_scan(scan):
 
     @functools.wraps(scanned)
     def call(*args, **call_kwargs):
+      from flax_tieext.nnx import tielib  # pylint: disable=g-import-not-at-top
+      in_axes = kwargs.get('in_axes', default_axes)
+      stacked = None if call_kwargs else tielib.scanned_sources(in_axes, args)
+      if stacked is not None:  # tied sources the scan slices (in_scan)
+        args, axes, check = stacked
+        out = scan(f, **{**kwargs, 'in_axes': axes})(*args)
+        check()
+        return out
       try:
         return scanned(*args, **call_kwargs)
       except ValueError as error:
-        from flax_tieext.nnx import tielib  # pylint: disable=g-import-not-at-top
-        sliced = tielib.sliced_source(kwargs.get('in_axes', default_axes), args)
+        sliced = tielib.sliced_source(in_axes, args)
         if sliced is None:
           raise
         raise sliced from error

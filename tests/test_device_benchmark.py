@@ -93,3 +93,31 @@ def test_tiny_device_benchmarks_run_and_render(tmp_path):
   assert lines[0] == '## Accelerator'
   for group in data['groups'].values():
     assert group['title'] in text
+
+
+def test_tiny_layouts_grid_runs_and_renders(tmp_path):
+  """``device.py --grid``: every lowering of a layout against the untied stack.
+
+  The default compiles to ``in_scan='scanned'``'s very program (the grid
+  reports it as that program); the closed-over one is another.
+  """
+  device, render = _load('device'), _load('render')
+  out = tmp_path / 'grid.json'
+  for stack in ('scan', 'vmap'):
+    assert device.main(['--tiny', '--grid', '--stack', stack, '--layouts', 'fused2d_f32',
+                        '--batches', '2', '--rounds', '2', '--warmup', '1',
+                        '--out', str(out)]) == 0
+  data = json.loads(out.read_text())
+  assert set(data['cells']) == {'scan:fused2d_f32/2', 'vmap:fused2d_f32/2'}
+  scan = data['cells']['scan:fused2d_f32/2']['lowerings']
+  assert set(scan) == {'untied', 'broadcast', 'scanned', 'default'}
+  assert scan['default']['same_program_as'] == 'scanned'
+  assert scan['broadcast']['same_program_as'] is None
+  for row in scan.values():
+    assert row['step_seconds'] > 0 and len(row['round_ratio_median_iqr']) == 3
+    assert row['flops'] > 0 and row['argument_bytes'] > 0
+  assert scan['default']['argument_bytes'] < scan['untied']['argument_bytes']
+  assert set(data['cells']['vmap:fused2d_f32/2']['lowerings']) == {'untied', 'default'}
+  text = '\n'.join(render.grid(data))
+  assert '`nn.scan`, batch 2' in text and '`nn.vmap`, batch 2' in text
+  assert '= scanned' in text

@@ -84,6 +84,11 @@ static_argnames=('flag',), f(x, True): grad: {seen}
 static_argnames=('flag',), f(x, True): jit(grad): {seen}
 '''
 
+BROADCAST = '''jax 0.10.2 cpu
+closed_over: temp 344 MiB, bf16[12,1024,1024] values: []
+scanned: temp 432 MiB, bf16[12,1024,1024] values: {stack}
+'''
+
 
 @pytest.mark.parametrize('name, out, word', [
     ('checkpoint_static_argnums_leak',
@@ -101,6 +106,13 @@ static_argnames=('flag',), f(x, True): jit(grad): {seen}
     ('checkpoint_static_argnames_ignored',
      NAMES.format(seen='3.0').replace('f(x, True): grad: 3.0', 'f(x, True): grad: 1.0', 1),
      None),
+    ('scan_over_broadcast_materialized', BROADCAST.format(
+        stack="['broadcast', 'convert', 'fusion']"), 'reproduces'),
+    ('scan_over_broadcast_materialized', BROADCAST.format(stack='[]'), 'fixed'),
+    ('scan_over_broadcast_materialized', BROADCAST.format(stack='[]').replace(
+        'closed_over: temp 344 MiB, bf16[12,1024,1024] values: []',
+        "closed_over: temp 344 MiB, bf16[12,1024,1024] values: ['fusion']"), None),
+    ('scan_over_broadcast_materialized', 'jax 0.10.2 cpu\n', None),
     ('a_report_with_no_judge', 'anything\n', None),
 ], ids=lambda v: v if isinstance(v, str) and '\n' not in v else None)
 def test_judge_names_what_the_output_shows(name, out, word):

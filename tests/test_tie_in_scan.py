@@ -1,14 +1,16 @@
 """``in_scan``: how a tie source outside an ``nn.scan`` enters the loop.
 
-``'broadcast'`` (the default) reads the source as a loop invariant, as Flax's
+``'broadcast'`` reads the source as a loop invariant, as Flax's
 ``variable_broadcast`` does; ``'scanned'`` broadcasts it to the stack's
 length before the loop and scans over it, as the stack's own variables are
-(``variable_axes``), the form that can run faster on an accelerator at large
-batch sizes (docs/scaling.md). Reference semantics, for each: the untied
-stack given the source's values in every layer, written as a user writes it
-by hand (``broadcast_by_hand``): the same outputs and gradients (the
-broadcast's transpose sums them), and for ``'scanned'`` the same loop: the
-source is one of the scan's scanned inputs, never a closed-over constant.
+(``variable_axes``), the form that was never slower than the untied stack on
+an accelerator (docs/scaling.md). The default (``None``) takes ``'scanned'``
+where the call cannot write the source and the scan is recorded, else
+``'broadcast'``. Reference semantics, for each: the untied stack given the
+source's values in every layer, written as a user writes it by hand
+(``broadcast_by_hand``): the same outputs and gradients (the broadcast's
+transpose sums them), and for ``'scanned'`` the same loop: the source is one
+of the scan's scanned inputs, never a closed-over constant.
 """
 
 import flax
@@ -227,7 +229,7 @@ def test_a_collection_the_scan_does_not_scan_is_read_as_a_loop_invariant():
 
 @needs_patch
 @pytest.mark.parametrize('api', ['nn.tie', 'lift.tie'])
-@pytest.mark.parametrize('value', ['stacked', None, True])
+@pytest.mark.parametrize('value', ['stacked', 'auto', True])
 def test_an_unknown_in_scan_is_refused_at_the_declaration(api, value):
   with pytest.raises(TieError) as info:
     if api == 'nn.tie':
@@ -240,15 +242,49 @@ def test_an_unknown_in_scan_is_refused_at_the_declaration(api, value):
 
 
 @needs_patch
-def test_one_tie_declared_with_two_in_scans_is_refused():
-  once = nn.tie(stacked(), {'layers/attn': 'attn'}, in_scan='scanned')
-  twice = nn.tie(once, {'layers/attn': 'attn'})
+@pytest.mark.parametrize('first, second, named', [
+    ('scanned', 'broadcast', "in_scan='broadcast'"),
+    ('scanned', None, 'in_scan=None (the default)')])
+def test_one_tie_declared_with_two_in_scans_is_refused(first, second, named):
+  once = nn.tie(stacked(), {'layers/attn': 'attn'}, in_scan=first)
+  twice = nn.tie(once, {'layers/attn': 'attn'}, in_scan=second)
   with pytest.raises(TieError) as info:
     twice().init(jax.random.key(0), X)
   message = str(info.value)
   assert_message_names(message, '/layers/attn', '/attn',
-                       "in_scan='scanned'", "in_scan='broadcast'")
+                       "in_scan='scanned'", named)
   assert_says_how_to_fix(message)
+
+
+# ---------------------------------------------------------------------------
+# The default: 'scanned' where it computes what 'broadcast' does
+# ---------------------------------------------------------------------------
+
+
+@needs_patch
+def test_the_default_scans_a_read_only_source_as_scanned_does():
+  encoder = stacked()
+  default = nn.tie(encoder, {'layers/attn': 'attn'})()
+  variables = default.init(jax.random.key(0), X)
+  inputs = scan_inputs(default.apply, variables, X)
+  assert inputs == scan_inputs(tied(encoder, 'scanned').apply, variables, X)
+  assert inputs == scan_inputs(broadcast_by_hand(encoder), variables, X)
+  loss, grads = loss_and_grads(default.apply, variables, X)
+  ref_loss, ref_grads = loss_and_grads(broadcast_by_hand(encoder), variables, X)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  assert_trees_close(grads, ref_grads)
+
+
+@installs_patch
+def test_the_default_reads_the_source_of_an_unrecorded_scan_as_a_loop_invariant():
+  """A scan made before the patch cannot stack: the default closes over,
+  where ``in_scan='scanned'`` raises (test above)."""
+  Encoder = encoder_over_a_scan_made_before_the_patch()  # pylint: disable=invalid-name
+  default = nn.tie(Encoder, {'layers/attn': 'attn'})()
+  variables = default.init(jax.random.key(0), X)
+  assert (D, D) in scan_inputs(default.apply, variables, X)
+  assert_trees_close(loss_and_grads(default.apply, variables, X),
+                     loss_and_grads(tied(Encoder, 'broadcast').apply, variables, X))
 
 
 class Counter(nn.Module):
@@ -279,30 +315,30 @@ class CountingStack(nn.Module):
 
 
 @needs_patch
-def test_a_write_to_a_scanned_source_is_refused_naming_the_scan():
+@pytest.mark.parametrize('in_scan', ['scanned', None, 'broadcast'])
+def test_a_write_to_a_source_outside_the_scan_is_refused_naming_the_scan(in_scan):
   def model(in_scan):
     return nn.tie(CountingStack, {'stack/counter': 'src'},
                   collections='state', in_scan=in_scan)()
 
-  variables = model('scanned').init(jax.random.key(0), X)
+  variables = model(in_scan).init(jax.random.key(0), X)
   assert list(variables['state']) == ['src']
   variables = {'state': {'src': {'count': jnp.array(2.0)}}}
-  np.testing.assert_allclose(model('scanned').apply(variables, X),
+  np.testing.assert_allclose(model(in_scan).apply(variables, X),
                              model('broadcast').apply(variables, X))
-  np.testing.assert_allclose(model('scanned').apply(variables, X), X + 8.0,
+  np.testing.assert_allclose(model(in_scan).apply(variables, X), X + 8.0,
                              rtol=1e-6)
   with pytest.raises(TieError) as info:
-    model('scanned').apply(variables, X, mutable=['state'])
+    model(in_scan).apply(variables, X, mutable=['state'])
   assert_message_names(str(info.value), '/stack/counter', '/src', "'state'",
                        'scan')
   assert_says_how_to_fix(str(info.value))
 
 
-@installs_patch
-def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
+def encoder_over_a_scan_made_before_the_patch():
+  """An encoder whose ``nn.scan`` took Flax's own ``lift.scan`` (no record)."""
   flax_tieext.uninstall()
   try:
-    encoder = stacked()  # nn.scan applied now takes Flax's own lift.scan
     layers = nn.scan(nn.remat(Layer), variable_axes={'params': 0},
                      split_rngs={'params': True}, length=N)
   finally:
@@ -315,6 +351,12 @@ def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
       nn.Dense(D, name='attn')(x)
       return layers(name='layers')(x, None)[0]
 
+  return Encoder
+
+
+@installs_patch
+def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
+  Encoder = encoder_over_a_scan_made_before_the_patch()  # pylint: disable=invalid-name
   variables = tied(Encoder, 'broadcast').init(jax.random.key(0), X)
   with pytest.raises(TieError) as info:
     tied(Encoder, 'scanned').apply(variables, X)
@@ -322,7 +364,6 @@ def test_a_scan_made_before_the_patch_cannot_stack_and_says_so():
   assert_message_names(message, '/layers/attn', "in_scan='scanned'",
                        'import flax_tieext', "in_scan='broadcast'")
   assert_says_how_to_fix(message)
-  del encoder
 
 
 @needs_patch

@@ -215,10 +215,11 @@ def two_sources(target: Path, first, second) -> TieError:
 
 def two_in_scans(first, second) -> TieError:
   """One tie declared twice, with two ways into an ``nn.scan``."""
+  given = lambda t: f'in_scan={t.in_scan!r}' + (' (the default)' if t.in_scan is None else '')
   return tie_error(
-      f'The {first.describe()} is declared twice, with in_scan='
-      f'{first.in_scan!r} and in_scan={second.in_scan!r}. A tie enters an'
-      ' nn.scan around its target one way.' + _declarations([first, second]),
+      f'The {first.describe()} is declared twice, with {given(first)} and'
+      f' {given(second)}. A tie enters an nn.scan around its target one way.'
+      + _declarations([first, second]),
       'Pass the same in_scan to both declarations.',
       'Keep one of the two declarations.')
 
@@ -226,11 +227,12 @@ def two_in_scans(first, second) -> TieError:
 def bad_in_scan(in_scan, api: str, allowed) -> TieError:
   return TieError(
       f'{api}(..., in_scan={in_scan!r}): in_scan says how a tie source'
-      ' outside an nn.scan enters it, one of '
-      + ' or '.join(map(repr, allowed)) + ": 'broadcast' (the default) reads"
-      ' it as a loop invariant, as variable_broadcast does; \'scanned\''
-      ' broadcasts it to the stack before the loop and scans over it, as'
-      ' variable_axes does (docs/scaling.md says when each is faster).')
+      ' outside an nn.scan enters it, None (the default) or one of '
+      + ' or '.join(map(repr, allowed)) + ": 'broadcast' reads it as a loop"
+      ' invariant, as variable_broadcast does; \'scanned\' broadcasts it to'
+      ' the stack before the loop and scans over it, as variable_axes does;'
+      " None takes 'scanned' where the scan scans the tied collection and the"
+      " call cannot write it, else 'broadcast' (docs/scaling.md).")
 
 
 def scan_not_recorded(tie, where: str) -> TieError:
@@ -242,8 +244,9 @@ def scan_not_recorded(tie, where: str) -> TieError:
       ' `import flax_tieext`, e.g. nn.scan applied at import time of your'
       ' model\'s module?)',
       'Import flax_tieext before the module that builds the scan.',
-      "Use in_scan='broadcast' (the default): the same values and"
-      ' gradients, the source read as a loop invariant.')
+      "Use in_scan='broadcast' or leave in_scan out (which reads the source"
+      ' as a loop invariant where a scan is not recorded): the same values'
+      ' and gradients.')
 
 
 def ancestor(tie, inner: Path, outer: Path) -> TieError:

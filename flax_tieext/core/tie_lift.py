@@ -126,7 +126,21 @@ SCAN_CALL = contextvars.ContextVar('flax_tieext_scan_call', default=None)
 
 
 def _scanned_collections(tie, scope, call: ScanCall | None) -> list[str]:
-  """The tied collections ``call`` scans, grouped as ``pack`` groups them."""
+  """The tied collections ``call`` scans over (stacked), grouped as ``pack``
+  groups them; none where the source is read as a loop invariant.
+
+  ``in_scan='scanned'`` stacks every tied collection the scan scans (and
+  needs the call's record); ``'broadcast'`` none; the default (None) stacks
+  them where the call is recorded (a scan made by the plugin's
+  ``lift.scan``) and the target lies inside the scanned module, not the
+  scanned module itself (a stack tied whole to another stack is scanned like
+  its source already); else it reads the source as a loop invariant. Both
+  ways give the same values and gradients, and refuse a write inside the
+  scan alike.
+  """
+  if tie.in_scan == 'broadcast' or (tie.in_scan is None and (
+      call is None or tie.target == scope.path)):
+    return []
   if call is None:
     raise tie_errors.scan_not_recorded(tie, scope.path_text)
   _, broadcast, carry, axes, _ = call.stacking
@@ -173,7 +187,7 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       paths.add(path)
       source, _ = reach(scope, path, rngs=True)
       values, crossed = reach(scope, path)
-      if crossing.maps and tie.in_scan == 'scanned' and name == 'scan' and (
+      if crossing.maps and name == 'scan' and (
           scanned := _scanned_collections(tie, scope, call)):
         # Scanned over as the stack's own variables are (Packed.stacked).
         extra.append(Lifted(_detached(source, {

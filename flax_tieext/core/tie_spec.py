@@ -66,8 +66,9 @@ class Tie:
   # The mapping the tie was declared in (``given``'s items), named where a
   # union of declarations is invalid. No part of the tie's meaning.
   declared_in: tuple = dataclasses.field(default=(), repr=False, compare=False)
-  # How the source enters an ``nn.scan`` around the target (IN_SCAN).
-  in_scan: str = 'broadcast'
+  # How the source enters an ``nn.scan`` around the target: one of IN_SCAN,
+  # or None (chosen per scan call: ``tie_lift.lifted_sources``).
+  in_scan: str | None = None
 
   def text(self, path: Path) -> str:
     return text(path, self.sep)
@@ -144,7 +145,7 @@ def normalize(ties: Mapping[str, Any], collections: Any,
 
 def absolute(ties: Mapping[str, Any], collections: Any,
              declared_at: Path, sep: str = '/',
-             in_scan: str = 'broadcast') -> tuple[Tie, ...]:
+             in_scan: str | None = None) -> tuple[Tie, ...]:
   """The ties as declared, with absolute paths: what a scope puts in force.
 
   Self-ties and two spellings of one target are refused here. The rest is
@@ -189,13 +190,14 @@ def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
 
 # How a tie source outside an ``nn.scan`` enters it (``lift.tie``'s
 # ``in_scan``): as a loop invariant the scan closes over, or broadcast to the
-# stack's length before the scan and scanned over like the stack's own.
+# stack's length before the scan and scanned over like the stack's own. None
+# (the default) chooses at each scan call (``tie_lift.lifted_sources``).
 IN_SCAN = ('broadcast', 'scanned')
 
 
-def in_scan_given(in_scan: Any, api: str = 'lift.tie') -> str:
-  """``in_scan`` as ``api`` takes it, checked (one of :data:`IN_SCAN`)."""
-  if not isinstance(in_scan, str) or in_scan not in IN_SCAN:
+def in_scan_given(in_scan: Any, api: str = 'lift.tie') -> str | None:
+  """``in_scan`` as ``api`` takes it, checked (None or one of :data:`IN_SCAN`)."""
+  if in_scan is not None and (not isinstance(in_scan, str) or in_scan not in IN_SCAN):
     raise tie_errors.bad_in_scan(in_scan, api, IN_SCAN)
   return in_scan
 
@@ -228,7 +230,7 @@ class ByIdentity:
 
 @functools.lru_cache(maxsize=1024)
 def _normalized(items, collections, declared_at: Path,
-                sep: str, in_scan: str) -> tuple[Tie, ...]:
+                sep: str, in_scan: str | None) -> tuple[Tie, ...]:
   """:func:`absolute` of ``ties.items()``; the same ties give the same records.
 
   Memoized: a module declares its ties each time it is bound (every ``init``,

@@ -180,7 +180,7 @@ def tie_at(scope, path: Path, col: str) -> Tie | None:
 
 
 def declare(scope, ties: Mapping[str, Any], collections: Any = 'params',
-            stacked=(), in_scan: str = 'broadcast') -> tuple[Tie, ...]:
+            stacked=(), in_scan: str | None = None) -> tuple[Tie, ...]:
   """Puts ``ties`` in force at ``scope`` and every scope derived from it.
 
   ``ties``, ``collections`` and ``in_scan`` are what ``lift.tie`` takes;

@@ -71,7 +71,8 @@ def _name(fn) -> str:
 
 
 def _records(ties, inherited: tuple[Tie, ...] = (),
-             api: str = 'flax_tieext.nnx.tie') -> tuple[Tie, ...]:
+             api: str = 'flax_tieext.nnx.tie', in_scan: str | None = None
+             ) -> tuple[Tie, ...]:
   """The ties of a tied class, or the normal form of ``ties`` and ``inherited``.
 
   ``ties`` in NNX's spelling (``'head.kernel'``); the normal form is Linen's
@@ -81,7 +82,8 @@ def _records(ties, inherited: tuple[Tie, ...] = (),
   if isinstance(ties, type) and hasattr(ties, '_tieext_ties'):
     return ties._tieext_ties  # pylint: disable=protected-access
   items = dict(tie_spec.given(ties, api, '.'))  # checked before any use
-  return tie_spec.compose(inherited + tie_spec.normalize(items, None, (), '.'))
+  in_scan = tie_spec.in_scan_given(in_scan, api)
+  return tie_spec.compose(inherited + tie_spec.absolute(items, None, (), '.', in_scan))
 
 
 # --------------------------------------------------------------------------
@@ -418,6 +420,78 @@ def sliced_source(in_axes, args) -> TieError | None:
   return _sliced(module, record, source, f'nnx.scan, in_axes {axis}')
 
 
+def _scans_over(record: Tie, source) -> bool:
+  """Whether ``nnx.scan`` scans the broadcast ``source`` (``in_scan``).
+
+  ``'scanned'``: yes; ``'broadcast'``: no; the default (None): for an
+  ``nnx.Param``, which a forward pass reads, not for other Variables (state a
+  layer may write, which only a loop invariant takes back).
+  """
+  if record.in_scan is None:
+    return isinstance(source, nnx.Param)
+  return record.in_scan == 'scanned'
+
+
+def scanned_sources(in_axes, args):
+  """``(args, in_axes, check)`` with the broadcast sources scanned over, or None.
+
+  Asked by the patched ``nnx.scan`` before its call: where an argument is a
+  tied module whose prefix in ``in_axes`` gives a source broadcast into a
+  stack ``None`` and the tie scans it (:func:`_scans_over`), the source is
+  broadcast to the stack's length (that of the module's leaves scanned along
+  axis 0) in a copy of the module, and its prefix becomes 0: the scan slices
+  it back, one slice per layer, as the stack's own Variables (the
+  broadcast's transpose sums the gradient). ``check()``, after the call,
+  refuses a write that landed in a slice of a scanned source.
+  """
+  if not isinstance(in_axes, tuple) or len(in_axes) != len(args):
+    return None
+  is_var = lambda x: isinstance(x, nnx.Variable)
+  new_args, new_axes, scanned = list(args), list(in_axes), []
+  for i, (module, axes) in enumerate(zip(args, in_axes)):
+    ranks = vars(module).get(_BROADCAST_RANKS) if isinstance(module, nnx.Pytree) else None
+    if not ranks or isinstance(axes, int) or axes is None or axes is nnx.Carry:
+      continue
+    leaves, treedef = jax.tree.flatten(module, is_leaf=is_var)
+    try:
+      prefixes = treedef.flatten_up_to(axes)
+    except (ValueError, TypeError):
+      continue  # a prefix of another shape: nnx.scan reads it its own way
+    lengths = {leaf.get_raw_value().shape[0] for leaf, ax in zip(leaves, prefixes)
+               if ax == 0 and is_var(leaf) and getattr(leaf.get_raw_value(), 'ndim', 0)}
+    if len(lengths) != 1:
+      continue
+    (length,) = lengths
+    position = {id(leaf): k for k, leaf in enumerate(leaves)}
+    for record, rank in zip(module._tieext_ties, ranks):  # pylint: disable=protected-access
+      source = _get(module, record.source)
+      k = position.get(id(source))
+      if rank is None or k is None or prefixes[k] is not None or not _scans_over(
+          record, source):
+        continue
+      value = source.get_raw_value()
+      leaves[k] = source.replace(jax.numpy.broadcast_to(value, (length, *value.shape)))
+      prefixes[k] = 0
+      scanned.append((module, record, leaves[k], leaves[k].get_raw_value()))
+    if scanned and scanned[-1][0] is module:
+      new_args[i] = jax.tree.unflatten(treedef, leaves)
+      new_axes[i] = treedef.unflatten(prefixes)
+  if not scanned:
+    return None
+
+  def check():
+    for module, record, stacked, value in scanned:
+      if stacked.get_raw_value() is not value:
+        raise TieError(
+            f'{type(module).__name__}: {record.describe()}: nnx.scan wrote to'
+            f' the source {record.text(record.source)}, which the tie scans'
+            ' over (one slice per layer), so the write cannot land in the one'
+            ' source. Pass in_scan=\'broadcast\' to flax_tieext.nnx.tie: the'
+            ' scan then reads it as a loop invariant and takes its writes.')
+
+  return tuple(new_args), tuple(new_axes), check
+
+
 # --------------------------------------------------------------------------
 # Binding, with the checks a user needs at construction
 # --------------------------------------------------------------------------
@@ -493,7 +567,8 @@ def _bind(module, ties: tuple[Tie, ...]):
 # --------------------------------------------------------------------------
 # The public entry point
 # --------------------------------------------------------------------------
-def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
+def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec],
+        in_scan: str | None = None) -> type[M]:
   """``module_class`` with Variables that are one Variable at two places.
 
   NNX in graph mode shares by reference: ``self.head.kernel =
@@ -519,6 +594,14 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
   A target inside a stack of modules (made by ``nnx.vmap``) may be tied to a
   source outside it: give the source ``None`` in the transform's prefix
   (``nnx.prefix(model, {Mask: None, ...: 0})``), and every slice reads it.
+  ``in_scan`` says how ``nnx.scan`` (with ``import flax_tieext``) reads
+  it, as ``nn.tie``'s does: ``'scanned'`` broadcasts the source to the
+  stack's length before the loop and scans over it like the stack's own
+  Variables (read-only: a write to it inside the scan raises);
+  ``'broadcast'`` reads it as a loop invariant, the scan's broadcast input,
+  which takes writes; ``None`` (the default) scans an ``nnx.Param`` over
+  and reads other Variables as loop invariants. The same values and
+  gradients either way (``docs/scaling.md`` says what each costs).
 
   Example::
 
@@ -546,6 +629,8 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
   Args:
     module_class: an ``nnx.Module`` subclass.
     ties: ``{target: source}`` or ``{target: (source, view_fn)}``.
+    in_scan: how ``nnx.scan`` reads a source that a tie broadcasts into a
+      stack: ``None`` (the default), ``'scanned'`` or ``'broadcast'`` (above).
 
   Returns:
     A subclass of ``module_class`` of the same name whose instances are tied
@@ -563,7 +648,7 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec]) -> type[M]:
         f'tie: {module_class!r} is not an NNX module class that is a pytree;'
         ' tie(module_class, ties) takes the class, as nn.tie does.'
     )
-  all_ties = _records(ties, getattr(module_class, '_tieext_ties', ()))
+  all_ties = _records(ties, getattr(module_class, '_tieext_ties', ()), in_scan=in_scan)
   trie = _target_trie(all_ties)
   parent = module_class
   root = getattr(module_class, '_tieext_root', module_class)
@@ -628,8 +713,10 @@ def _new_tied(root: type, records: tuple[Tie, ...]):
   """An empty instance of ``tie(root, records)`` (for pickle)."""
   cls = _TIED.get((root, records))
   if cls is None:
-    cls = tie(root, {r.target: r.source if r.view is None else
-                     (r.source, r.view) for r in records})
+    cls = root
+    for in_scan in dict.fromkeys(r.in_scan for r in records):
+      cls = tie(cls, {r.target: r.source if r.view is None else (r.source, r.view)
+                      for r in records if r.in_scan == in_scan}, in_scan=in_scan)
   return cls.__new__(cls)
 
 

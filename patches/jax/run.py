@@ -68,9 +68,18 @@ def judge_names(out):
   return None
 
 
+def judge_broadcast(out):
+  """scan_over_broadcast_materialized: a [L, ...] copy of the cast weight."""
+  closed, scanned = (_line(out, name) for name in ('closed_over', 'scanned'))
+  if closed is None or scanned is None or not closed.endswith('values: []'):
+    return None  # the control case must hold no stack for the verdict to mean anything
+  return 'fixed' if scanned.endswith('values: []') else 'reproduces'
+
+
 JUDGES = {
     'checkpoint_static_argnums_leak': judge_leak,
     'checkpoint_static_argnames_ignored': judge_names,
+    'scan_over_broadcast_materialized': judge_broadcast,
 }
 
 
