@@ -163,3 +163,14 @@ def test_send_refuses_without_the_senders_name(tmp_path, capsys, monkeypatch):
   _git(flax, 'init', '-q')
   assert send.send(flax, 'HEAD', ()) == 2
   assert 'user.name' in capsys.readouterr().err
+
+
+def test_the_hang_report_inlines_its_whole_reproducer():
+  tool = (ROOT / 'tools' / 'jax_cache_hang_repro.py').read_text()
+  report = (ROOT / 'patches' / 'jax' / 'persistent_cache_multiprocess_hang.md').read_text()
+  assert f"```python\n{tool[tool.index('import os'):]}```" in report
+  assert 'tools/' not in report and 'flax' not in report.lower()
+  # What it says of the keys is in the output it shows, for both processes.
+  for process in (0, 1):
+    assert f'process {process}: jax._src.cache_key' in report
+  assert 'Persistent compilation cache hit' in report and 'CACHE MISS' in report
