@@ -28,7 +28,8 @@ main's, file by file, but for ``NOT_MAIN`` (``MAIN_DIGEST``). Then:
       changes nothing, no added line of Python is over 80 columns and
       ``git diff --check`` is clean;
    b. Flax's test files that the PRs so far touch, and those that call what
-      they change (``consumers``), pass wherever they pass on main;
+      they change (``consumers``; a PR alone: its own test files), pass
+      wherever they pass on main;
    c. ``tests/upstream_compat_test.py``: every program runs as on main, but
       for the behaviour changes the applied PRs state, and what they add
       holds;
@@ -216,7 +217,7 @@ def pytest(tree: pathlib.Path, xml: pathlib.Path, tests) -> tuple[set, set]:
   # Only pytest's last line is printed: FAILS_BEFORE run to fail, and a log
   # reader (CI's included) should not take their FAILED lines for failures.
   run = _run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--tb=no',
-              *(['-n', '2'] if len(tests) > 1 else []), f'--junitxml={xml}', *tests],
+              *(['-n', '2'] if len(tests) > 3 else []), f'--junitxml={xml}', *tests],
              cwd=tree, env={**os.environ, 'PYTHONPATH': str(tree)},
              capture_output=True, text=True)
   print(f'  pytest: {(run.stdout.strip().splitlines() or ["no output"])[-1]}', flush=True)
@@ -267,8 +268,12 @@ def tree_after(base: pathlib.Path, patches, dest: pathlib.Path, include=None) ->
   return problems
 
 
-def step(base, work, patches, label, cache) -> list[str]:
-  """Lint, Flax's tests and the compat programs on main with ``patches``."""
+def step(base, work, patches, label, cache, alone=False) -> list[str]:
+  """Lint, Flax's tests and the compat programs on main with ``patches``.
+
+  ``alone``: a PR applied to main by itself, which the sequence's steps
+  test with the consumers already: its own test files only.
+  """
   tree = work / label
   problems = tree_after(base, patches, tree)
   if problems:
@@ -276,7 +281,7 @@ def step(base, work, patches, label, cache) -> list[str]:
   before = base if len(patches) == 1 else work / '+'.join(p.name[:4] for p in patches[:-1])
   problems += lint(before, tree, patches[-1])
   tests = sorted({f for p in patches for f in touched(p) if f.startswith('tests/')}
-                 | set(consumers(base)))
+                 | set(() if alone else consumers(base)))
   passed, failed = pytest(tree, work / f'{label}.xml', tests)
   if failed:  # those that fail on main too are not the PRs'
     failed -= pytest(base, work / f'{label}-main.xml', sorted(failed))[1]
@@ -321,7 +326,7 @@ def verify() -> list[str]:
   for i in range(1, len(patches) + 1):
     problems += step(base, work, patches[:i], '+'.join(p.name[:4] for p in patches[:i]), cache)
   for patch in patches[1:]:
-    problems += step(base, work, [patch], f'{patch.name[:4]}-alone', cache)
+    problems += step(base, work, [patch], f'{patch.name[:4]}-alone', cache, alone=True)
 
   # 4. The docs PR applies to main.
   for patch in docs:
