@@ -73,7 +73,7 @@ def test_each_pr_adds_the_tests_that_fail_without_it(patch):
 def test_every_behaviour_change_is_in_its_pr_text(change):
   pr, _, _, _, _, stated = change
   patch = next(p for p in PATCHES if p.name.startswith(pr))
-  text = verify.message(patch)
+  text = ' '.join(verify.message(patch).split())  # as wrapped in the message
   assert stated in text
   assert 'before:' in text and 'after:' in text
 
