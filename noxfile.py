@@ -380,19 +380,23 @@ def distributed(session):
 
 @nox.session
 def upstream(session):
-  """patches/: the JAX reproducers per JAX release; the Flax PRs apply, lint and pass Flax's suites.
+  """patches/: the JAX reproducers per JAX release; the Flax PRs on Flax main, step by step.
 
   First, the JAX bug reports' reproducers (patches/jax/run.py) on each JAX
   release of the matrix: one line each, reproduces / fixed / not-applicable.
-  Then tools/upstream_verify.py on the Flax PRs (patches/flax/).
+  Then tools/upstream_verify.py on the Flax PRs (patches/flax/, patches/docs/):
+  each applies to Flax main alone and in sequence, and at each step lints,
+  passes Flax's test files that reach the changed transforms and
+  tests/upstream_compat_test.py. Set UPSTREAM_FLAX_MAIN to a checkout of
+  Flax main 18f8f311 to check on it rather than on the 0.12.8 sdist (CI).
   """
-  # Flax 0.12.8 with its JAX, what its tests import, and the lint versions
-  # pinned in Flax's .pre-commit-config.yaml; pyflakes for what Flax's ruff
-  # config (F401, unused imports, only) leaves out: undefined names, names
-  # imported twice.
+  # Flax 0.12.8 with its JAX, what its tests import, and the lint and
+  # jupytext versions pinned in Flax's .pre-commit-config.yaml; pyflakes for
+  # what Flax's ruff config (F401, unused imports, only) leaves out: undefined
+  # names, names imported twice.
   session.install('flax==0.12.8', 'jax==0.10.2', 'jaxlib==0.10.2', 'optax', 'cloudpickle',
                   'pytest', 'pytest-xdist', 'ruff==0.1.3', 'pyupgrade==3.16.0',
-                  'pyflakes==3.2.0')
+                  'pyflakes==3.2.0', 'jupytext==1.13.8')
   # patches/jax/: each distinct (jax, jaxlib, Python) of PINS runs the
   # reproducers in fresh interpreters: this session's jax here, every other
   # in a throwaway venv .nox/_jax/jax-<version> holding only that jax and

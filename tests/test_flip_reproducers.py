@@ -15,11 +15,11 @@
 """The ties FLIP's reproducer prints on this Flax what the FLIP shows.
 
 ``patches/flip/run.py`` runs ``patches/flip/sharing_in_linen.py`` (the one
-file the FLIP inlines) in a fresh interpreter, plain and with ``flax_tieext``
-imported, and prints what each case measured. The FLIP's output block is
-``measured-flax-0.12.8.txt``; the newest release prints the same lines, and
-this test holds both to it, and the FLIP to showing the script and the
-output as they are.
+file the FLIP inlines) in a fresh interpreter and prints what it prints: the
+versions, then what each case measured. The FLIP's output block is
+``measured-flax-0.12.8.txt``, that output on Flax 0.12.8; the newest release
+prints the same measurements, and this test holds both to it, and the FLIP to
+showing the script and the output as they are. The script uses Flax alone.
 """
 
 import pathlib
@@ -45,8 +45,14 @@ def test_flip_shows_its_reproducer_and_output_as_they_are():
   text = (FLIP / 'ties-in-linen.md').read_text()
   assert f"```python\n{(FLIP / 'sharing_in_linen.py').read_text()}```" in text
   assert f"```\n{(FLIP / 'measured-flax-0.12.8.txt').read_text()}```" in text
-  for internal in ('scope.root', '.scope', '._v', 'jax._src'):
-    assert internal not in (FLIP / 'sharing_in_linen.py').read_text(), internal
+  script = (FLIP / 'sharing_in_linen.py').read_text()
+  for internal in ('scope.root', '.scope', '._v', 'jax._src', 'tie', 'flax_tieext'):
+    assert internal not in script, internal
+  # Each row of the FLIP's table is measured by a line of the output.
+  rows = {line.split()[0] for line in _rows((FLIP / 'measured-flax-0.12.8.txt').read_text())}
+  table = {line.split('|')[1].strip().replace(', ', '-') for line in text.splitlines()
+           if line.startswith('| ') and line.split('|')[1].strip()[:1].isdigit()}
+  assert rows == table
 
 
 def test_reproducer_prints_the_flips_output():
@@ -62,5 +68,6 @@ def test_reproducer_prints_the_flips_output():
   for row in ('4 variable_carry: count after 1 + 3 calls: 15.0',
               '5 map_variables write-back under nn.remat: count after 2 calls: 7.0',
               "7 nn.remat blocks, read block_0: graph stored: {'block_0': {'attn': {'mask': "
-              "(4, 4)}}}"):
+              "(4, 4)}}}",
+              '9 nn.Embed.attend: embedding rows with a gradient (input uses 3): 16 of 16'):
     assert row in measured

@@ -258,6 +258,29 @@ def test_methods_dict_gives_each_method_its_arguments(entry, first_index):
   )
 
 
+@pytest.mark.parametrize('methods', [[], ()])
+@pytest.mark.parametrize('entry, first_index', LINEN_ENTRY_POINTS)
+def test_empty_methods_lift_no_method(entry, first_index, methods):
+  # As Flax's lift_transform: an empty list lifts no method, with static
+  # arguments too (it once lifted __call__, as methods=None does).
+  traced = []
+
+  class Probe(nn.Module):
+    @nn.compact
+    def __call__(self, x, deterministic=False):
+      traced.append(isinstance(x, jax.core.Tracer))
+      return nn.Dense(4)(x)
+
+  def seen(module):
+    traced.clear()
+    module.init(jax.random.key(0), X, True)
+    return traced[:]
+
+  static = {'static_argnums': first_index + 1}
+  assert seen(entry(Probe, **static, methods=methods)()) == seen(Probe())
+  assert seen(entry(Probe, **static)()) == [True]  # __call__, lifted
+
+
 class KeywordOnly(nn.Module):
 
   @nn.compact

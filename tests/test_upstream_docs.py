@@ -1,29 +1,36 @@
-"""The Flax docs PR in patches/docs/: every code block of its page runs.
+"""The Flax docs PR in patches/docs/: an executed guide whose every cell runs.
 
-The page ``docs/guides/flax_fundamentals/sharing_variables.md`` that the
-patch adds is read from the patch itself; its ``python`` blocks run in order
-as one program (as a reader pastes them) in a fresh interpreter on the
-installed Flax, and each asserts what the text says it shows.
+The PR adds ``docs/guides/flax_fundamentals/sharing_variables.ipynb`` and its
+MyST twin ``sharing_variables.md`` (a jupytext pair, as Flax's executed
+guides are). Both are read from the patch itself. The notebook has no
+outputs, so Flax's docs build (myst-nb, ``nb_execution_mode`` left at
+``auto``, ``nb_execution_raise_on_error = True``) executes it; here its code
+cells run in order, as one program, in a fresh interpreter on the installed
+Flax, and each asserts what the text says it shows.
 ``tools/upstream_verify.py`` (``nox -s upstream``) runs this file.
 """
 
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PAGE = 'docs/guides/flax_fundamentals/sharing_variables.md'
-SECTIONS = ('## One module instance used in two places',
+GUIDE = 'docs/guides/flax_fundamentals/sharing_variables'
+SECTIONS = ('## One module instance used in two places', '## A tied output layer: `nn.Embed.attend`',
             '## `variable_broadcast` and `variable_carry` in `nn.scan`',
             '## `nn.map_variables` with a write-back', '## `nn.share_scope`', '## Beyond Linen')
+PATCHES = sorted((ROOT / 'patches' / 'docs').glob('*.patch'))
 
 
-def page_of(patch: pathlib.Path) -> str:
-  """The text of PAGE as the patch adds it."""
+def added_file(patch: pathlib.Path, path: str) -> str:
+  """The text of the file ``path`` that ``patch`` creates."""
   text = patch.read_text()
-  start = text.index(f'+++ b/{PAGE}\n')
+  start = text.index(f'+++ b/{path}\n')
   hunk = text[start:].split('\n@@', 1)[1].split('\n', 1)[1]
   lines = []
   for line in hunk.splitlines():
@@ -33,23 +40,63 @@ def page_of(patch: pathlib.Path) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def blocks(page: str) -> list[str]:
-  return re.findall(r'```python\n(.*?)```', page, re.S)
+def myst_cells(page: str) -> list[tuple[str, str]]:
+  """``(type, source)`` of each cell of a jupytext MyST page, as jupytext reads it."""
+  body = re.sub(r'\A---\n.*?\n---\n', '', page, flags=re.S)
+  cells = []
+  for i, part in enumerate(re.split(r'^```\{code-cell\}\n(.*?)^```\n', body, flags=re.S | re.M)):
+    if i % 2:
+      cells.append(('code', part.strip('\n')))
+    else:
+      cells += [('markdown', md.strip('\n')) for md in re.split(r'^\+\+\+\n', part, flags=re.M)
+                if md.strip()]
+  return cells
 
 
-PATCHES = sorted((ROOT / 'patches' / 'docs').glob('*.patch'))
+def notebook_cells(notebook: dict) -> list[tuple[str, str]]:
+  return [(c['cell_type'], ''.join(c['source'])) for c in notebook['cells']]
 
 
-def test_the_page_has_each_pattern_and_what_it_cannot_do():
-  page = page_of(PATCHES[0])
+@pytest.fixture(scope='module')
+def guide():
+  return (added_file(PATCHES[0], f'{GUIDE}.md'),
+          json.loads(added_file(PATCHES[0], f'{GUIDE}.ipynb')))
+
+
+def test_the_page_has_each_pattern_and_what_it_cannot_do(guide):
+  page, _ = guide
   for section in SECTIONS:
     assert section in page, section
-  assert page.count('What it cannot do') + page.count('What they cannot do') == 4
-  assert len(blocks(page)) >= 6
+  assert page.count('What it cannot do') + page.count('What they cannot do') == 5
+  assert 'third-party' not in page.lower()
 
 
-def test_every_code_block_runs():
-  code = '\n\n'.join(blocks(page_of(PATCHES[0])))
+def test_the_notebook_is_the_pair_of_its_myst_page(guide):
+  page, notebook = guide
+  assert notebook['metadata']['jupytext']['formats'] == 'ipynb,md:myst'
+  assert notebook_cells(notebook) == myst_cells(page)
+  try:
+    import jupytext  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return  # nox -s upstream installs the jupytext of Flax's pre-commit
+  read = jupytext.reads(page, fmt='md:myst')
+  assert [(c.cell_type, c.source) for c in read.cells] == notebook_cells(notebook)
+
+
+def test_the_docs_build_executes_the_notebook(guide):
+  _, notebook = guide
+  code = [c for c in notebook['cells'] if c['cell_type'] == 'code']
+  assert len(code) >= 8
+  # myst-nb's `auto` mode executes a notebook missing outputs; none is skipped.
+  assert all(not c['outputs'] and 'skip-execution' not in c['metadata'].get('tags', [])
+             for c in code)
+  index = (ROOT / 'patches' / 'docs').glob('*.patch')
+  assert any('+   sharing_variables\n' in p.read_text() for p in index)
+
+
+def test_every_code_cell_runs(guide):
+  _, notebook = guide
+  code = '\n\n'.join(source for kind, source in notebook_cells(notebook) if kind == 'code')
   done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                         timeout=600, check=False, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert done.returncode == 0, done.stderr[-3000:]

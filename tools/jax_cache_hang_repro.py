@@ -17,26 +17,36 @@
 Plain JAX, no Flax, no flax_tieext (docs/support_matrix.md, beside the pin).
 Two local ``jax.distributed`` processes (gloo collectives) of four CPU devices
 each run a jitted SGD step sharded over a (data 2, model 4) mesh. Run it twice
-with the cache on::
+with the cache on (``patches/jax/persistent_cache_multiprocess_hang.md``
+inlines this file below its header and shows what it printed)::
 
     export JAX_COMPILATION_CACHE_DIR=$(mktemp -d)
     export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
     export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+    export JAX_LOGGING_LEVEL=WARNING JAX_DEBUG_LOG_MODULES=jax._src.compiler,jax._src.cache_key
     python tools/jax_cache_hang_repro.py; python tools/jax_cache_hang_repro.py
 
-The first run compiles in both processes and finishes. In the second, process
-0 loads the step from the cache and process 1 (whose cache key differs from
-process 0's, and which never writes entries) compiles it; on JAX 0.12.1 the
-step's first collective then never completes, and the script kills the job
-after its deadline (60 s; first argument) and exits 1. JAX 0.12.0.1 finishes
-both runs, and 0.12.1 finishes every run without the cache.
+The first run compiles in both processes and finishes; only process 0
+writes the cache. In the second, process 0 loads the step from the cache and
+process 1 misses it (their cache keys differ in the hash of
+``accelerator_config``, the devices' topology) and compiles it; on JAX 0.12.1
+the step's first collective then never completes, and the script kills the
+job after its deadline (60 s; first argument) and exits 1. Each process's
+cache log lines are printed (with the debug modules above). JAX 0.12.0.1
+finishes both runs, and 0.12.1 finishes every run without the cache.
 """
 
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+
+# The children's log lines that say what the persistent cache did.
+CACHE_LOG = re.compile(r'persistent compilation cache (hit|miss)|Writing .* to persistent'
+                       r'|Not writing persistent|hash of serialized', re.I)
 
 
 def child(coordinator, process_id):
@@ -83,21 +93,30 @@ def main(deadline):
     coordinator = f'127.0.0.1:{s.getsockname()[1]}'
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  logs = [tempfile.TemporaryFile('w+') for _ in range(2)]
   procs = [subprocess.Popen([sys.executable, '-u', __file__, 'child', coordinator, str(i)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  start = time.monotonic()
+                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+           for i, log in enumerate(logs)]
+  start, hung = time.monotonic(), None
   for i, proc in enumerate(procs):
     try:
-      out, _ = proc.communicate(timeout=max(1, deadline - (time.monotonic() - start)))
+      proc.wait(timeout=max(1, deadline - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
-      for p in procs:
-        p.kill()
-      print(f'HUNG: process {i} still running after {deadline:.0f} s; killed the job')
-      return 1
-    steps = [line for line in out.splitlines() if ': step ' in line]
-    print(f'process {i}: exit {proc.returncode} after {time.monotonic() - start:.0f} s,'
-          f' {len(steps)} steps')
+      hung = i
+      break
+  for proc in procs:
+    proc.kill()
+    proc.wait()
+  for i, (proc, log) in enumerate(zip(procs, logs)):
+    log.seek(0)
+    lines = log.read().splitlines()
+    for line in dict.fromkeys(l[l.find('jax._src'):] for l in lines if CACHE_LOG.search(l)):
+      print(f'process {i}: {line}')
+    steps = [line for line in lines if ': step ' in line]
+    print(f'process {i}: exit {proc.returncode}, {len(steps)} steps')
+  if hung is not None:
+    print(f'HUNG: process {hung} still running after {deadline:.0f} s; killed the job')
+    return 1
   return 0
 
 

@@ -107,9 +107,10 @@ def _checkpoint_lift_transform(
       }
       for m, kw in methods.items()
     }
-  else:
+  elif methods is None or isinstance(methods, (list, tuple)):
     # Each method resolves the same arguments; each need be in one only.
-    names = methods or ['__call__']
+    # As Flax's lift_transform: None lifts __call__, [] no method.
+    names = ['__call__'] if methods is None else list(methods)
     specs = [
       statics_of(getattr(module_class, m), static_argnums, static_argnames)
       for m in names

@@ -2,9 +2,13 @@
 
 Run: python sharing_in_linen.py   (Flax 0.12.8 or main, any backend)
 
-Each case prints what it measured. A shared module should hold one copy of
-its variables, and a write through any use should land in that one copy.
+It prints the versions it ran on, then what each case measured. A shared
+module should hold one copy of its variables, and a write through any use
+should land in that one copy.
 """
+import sys
+
+import flax
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
@@ -93,7 +97,7 @@ class WriteBack(nn.Module):
     return (nn.remat(User) if self.remat else User)(a, name='user')(a(x))
 
 
-class Attention(nn.Module):  # 6-8: one mask for every block
+class Attention(nn.Module):  # 6, 7: one mask for every block
   @nn.compact
   def __call__(self, x):
     mask = self.variable('graph', 'mask', lambda: jnp.tril(jnp.ones((4, 4))))
@@ -125,6 +129,43 @@ class Encoder(nn.Module):
     return x
 
 
+class DenseWrapper(nn.Module):  # 8: a wrapper that stores its child's variables
+  def setup(self):
+    self.dense = nn.Dense(4)
+    nn.share_scope(self, self.dense)
+
+  def __call__(self, x):
+    return self.dense(x)
+
+
+class Wrapped(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.remat(DenseWrapper)(name='layer')(x)
+
+
+class Head(nn.Module):  # 9: the output layer is the input embedding
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, x):
+    return self.embed.attend(x)
+
+
+class TiedLM(nn.Module):
+  @nn.compact
+  def __call__(self, tokens):
+    embed = nn.Embed(16, 4, name='embed')
+    return nn.remat(Head)(embed, name='head')(embed(tokens))
+
+
+def rows_with_gradient(tokens):
+  params = TiedLM().init(key, tokens)['params']
+  grads = jax.grad(lambda p: TiedLM().apply({'params': p}, tokens).sum())(params)
+  rows = jnp.abs(grads['embed']['embedding']).sum(axis=1) > 0
+  return f'{int(rows.sum())} of {rows.size}'
+
+
 def run(name, fn):
   try:
     print(f'{name}: {fn()}')
@@ -132,6 +173,7 @@ def run(name, fn):
     print(f'{name}: {type(e).__name__}: {str(e).splitlines()[0][:90]}')
 
 
+print(f'flax {flax.__version__}, jax {jax.__version__}, python {sys.version.split()[0]}')
 key, x = jax.random.key(0), jnp.ones((2, 4))
 for how in ('scan', 'vmap'):
   run(f'1-2 outer instance in nn.{how}: shared kernel',
@@ -145,11 +187,13 @@ for remat in (False, True):
   run(f'5 map_variables write-back{" under nn.remat" if remat else ""}: count after 2 calls',
       lambda: float(WriteBack(remat).apply({'state': {'a': {'count': 1.0}}}, 0.0,
                                            mutable='state')[1]['state']['a']['count']))
-x = jnp.ones((2, 4, 8))
 for how in ('one instance', 'read block_0'):
   run(f'{6 if how == "one instance" else 7} nn.remat blocks, {how}: graph stored',
-      lambda: shape(Encoder(how).init(key, x)['graph']))
-run('8 nn.remat blocks, 1 and 2 tied to block_0 by nn.tie: graph stored', lambda: shape(
-    nn.tie(Encoder, {f'block_{i}/attn': 'block_0/attn' for i in range(1, N)},
-           collections='graph')('own').init(key, x)['graph']) if hasattr(nn, 'tie')
-    else 'this Flax has no nn.tie')
+      lambda: shape(Encoder(how).init(key, jnp.ones((2, 4, 8)))['graph']))
+run('8 nn.share_scope under nn.remat: params stored',
+    lambda: shape(Wrapped().init(key, x)['params']))
+tokens = jnp.array([[1, 2, 3]])
+run('9 nn.Embed.attend in an nn.remat head: params stored',
+    lambda: shape(TiedLM().init(key, tokens)['params']))
+run('9 nn.Embed.attend: embedding rows with a gradient (input uses 3)',
+    lambda: rows_with_gradient(tokens))
