@@ -184,6 +184,7 @@ def test_plot_states_the_tables_sizes_as_the_table_writes_them(small_run):
   assert re.search(r'\] drawing the plot with matplotlib\n', stderr), stderr
 
 
+@pytest.mark.installs_patch  # the demo's functions, in this process: nn.tie
 def test_training_on_a_mesh_compiles_the_update_once(caplog):
   # Step 2 of a --processes run compiled the optimizer update again: AdamW's
   # step count came from one device at step 1 and from the mesh at step 2.

@@ -24,7 +24,7 @@ def test_demo_trains_across_processes_and_prints_the_table():
   assert result.returncode == 0, result.stderr
   assert 'trained tied, remat, 2 processes x batch 8 for 3 optax steps' in (
       result.stdout), result.stdout
-  assert re.search(r"variables stored in 'graph' \(count, bytes\)\s+1 \(4\.0 KiB\)"
+  assert re.search(r"in collection 'graph' \(count, bytes\)\s+1 \(4\.0 KiB\)"
                    r"\s+2 \(8\.0 KiB\)\s+0\.500", result.stdout), result.stdout
   match = re.search(r'max \|grad tied - grad untied\| = (\S+),', result.stdout)
   assert match and float(match.group(1)) < 1e-5, result.stdout
