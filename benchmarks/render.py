@@ -599,9 +599,11 @@ SCAN_HLO_FINDING = [
     ' HLO differences are the ones above, but the compile-time cost model does'
     ' not tell which layouts they make slower: no rule read from the compiled'
     ' program chooses the lowering, and the default scans (`docs/scaling.md`).'
-    ' The time each instruction takes on the chip is what `device.py --grid'
-    ' --profile fused2d_f32 --hlo-dir DIR` records (`jax.profiler`, per HLO'
-    ' instruction), to be run where a TPU is lent.',
+    ' On the chip (`device.py --grid --profile fused2d_f32 --hlo-dir DIR`,'
+    ' `jax.profiler` per HLO instruction, three steps each), the three programs'
+    ' of `fused2d_f32` at batch 16 step in 111.8 to 112.4 ms closed over and'
+    ' scanned and 112.5 to 113.0 ms untied: the differences above cost nothing'
+    ' measurable in this layout, and issue 53\'s 5.4% is not reproduced by it.',
 ]
 
 
