@@ -244,17 +244,23 @@ def passing_static_keywords(flax_scan):
   if getattr(flax_scan, 'passes_static_keywords', False):
     return flax_scan
   signature = inspect.signature(flax_scan)
+  methods_at = list(signature.parameters).index('methods') - 1  # in args
 
   @functools.wraps(flax_scan)
   def scan(target, *args, **kwargs):
+    # Without binding the signature (an untied model's nn.scan calls pay
+    # nothing): where no scanned method has static keywords, Flax's scan.
+    methods = args[methods_at] if len(args) > methods_at else kwargs.get('methods')
+    try:
+      keywords = _scanned_static_keywords(target, methods)
+    except TypeError:  # not method names: Flax's own error
+      keywords = {}
+    if not any(keywords.values()):
+      return flax_scan(target, *args, **kwargs)
     try:
       bound = signature.bind(target, *args, **kwargs)
     except TypeError:
       return flax_scan(target, *args, **kwargs)  # Flax's own error
-    methods = bound.arguments.get('methods')
-    keywords = _scanned_static_keywords(target, methods)
-    if not any(keywords.values()):
-      return flax_scan(target, *args, **kwargs)
     bound.apply_defaults()
     scan_kwargs = {k: v for k, v in bound.arguments.items()
                    if k not in ('target', 'methods')}
