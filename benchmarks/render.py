@@ -499,7 +499,9 @@ def grid(data: dict) -> list[str]:
   for cell in cells.values():
     by_table.setdefault((cell['stack'], cell['batch']), []).append(cell)
   for (stack, batch), rows in sorted(by_table.items()):
-    lines += [f'**`nn.{stack}`, batch {batch}**', '']
+    rounds = {c.get('rounds', meta['rounds']) for c in rows} - {meta['rounds']}
+    lines += [f'**`nn.{stack}`, batch {batch}**'
+              + (f' ({rounds.pop()} rounds)' if rounds else ''), '']
     table = []
     for cell in sorted(rows, key=lambda c: c['layout']):
       low = cell['lowerings']
