@@ -211,21 +211,36 @@ def _machinery_bindings() -> list[_Binding]:
 
 
 def _pack(pack):
-  """``lift.pack``: a transform that reuses its trace names it with a site.
+  """``lift.pack``: a transform that reuses its trace has a site.
 
   Upstream each transform passes ``pack`` its declaration (``tie_sources=``),
-  and ``pack`` hands it to ``_partial_pack``. Here the name ``pack`` hands on
-  is the carrier: for ``nn.jit`` a :class:`ties.PackSite`, made once per
-  ``pack`` call (one trace cache), which keeps the ties met inside it. Any
-  other name (a user's, hashable or not) is handed on as given.
+  and ``pack`` hands it to ``_partial_pack``. Here, for ``nn.jit``, a
+  :class:`ties.PackSite` made once per ``pack`` call (one trace cache) keeps
+  the ties met inside it; each call of the packed function hands it to its
+  ``_partial_pack`` in a one-element list (``ties.PACK_SITE``), which
+  ``_partial_pack`` empties. Flax's ``pack`` gets the arguments as given,
+  and any other name (a user's, hashable or not) changes nothing.
   """
   @functools.wraps(pack)
   def sited_pack(fn, in_variable_filters, out_variable_filters, rng_filters,
                  name=None, enable_kwargs=False):
-    if type(name) is str and ties.caches_trace(name):
-      name = ties.PackSite(name)
-    return pack(fn, in_variable_filters, out_variable_filters, rng_filters,
-                name, enable_kwargs)
+    packed = pack(fn, in_variable_filters, out_variable_filters, rng_filters,
+                  name, enable_kwargs)
+    if type(name) is not str or not ties.caches_trace(name):  # pylint: disable=unidiomatic-typecheck
+      return packed
+    site = ties.PackSite(name)
+
+    @functools.wraps(packed)
+    def sited(scope_tree, *args, **kwargs):  # as Flax's wrapper
+      cell = [site]
+      token = ties.PACK_SITE.set(cell)
+      try:
+        return packed(scope_tree, *args, **kwargs)
+      finally:
+        cell.clear()
+        ties.PACK_SITE.reset(token)
+    sited.__wrapped__ = packed.__wrapped__  # Flax's: fn
+    return sited
   return sited_pack
 
 
@@ -244,21 +259,25 @@ def _partial_pack(pack):
   @functools.wraps(pack)
   def tied_partial_pack(scope_tree, in_variable_filters, out_variable_filters,
                         rng_filters, name=None):
-    call = None
+    call, site = None, None
     if isinstance(name, str) and name == 'scan':
       cell = tie_lift.SCAN_CALL.get()
       if cell and cell[0].scope_tree is scope_tree:
         call = cell.pop()
+    elif type(name) is str and ties.caches_trace(name):  # pylint: disable=unidiomatic-typecheck
+      cell = ties.PACK_SITE.get()
+      site = cell.pop() if cell else None
+    # What the plugin's records name the pack by: its site, if it has one.
+    label = name if site is None else site
     tied = _machinery_bound and tie_lift.packed(
-        scope_tree, name, ties.sources_of(name), call)
-    shown = str(name) if isinstance(name, ties.PackSite) else name
+        scope_tree, label, ties.sources_of(name), call)
     if not tied:
       scope_fn, *rest = pack(scope_tree, in_variable_filters,
-                             out_variable_filters, rng_filters, shown)
-      return (ties.linked(scope_fn, scope_tree, name), *rest)
+                             out_variable_filters, rng_filters, name)
+      return (ties.linked(scope_fn, scope_tree, label), *rest)
     scope_fn, repack_fn, variable_groups, *rest = pack(
         tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
-        shown)
+        name)
     return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
             *rest)
   return tied_partial_pack

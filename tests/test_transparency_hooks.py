@@ -27,6 +27,7 @@ the heavier grid of nested transforms is ``end_to_end``.
 
 import contextvars
 import gc
+import inspect
 import json
 import os
 import subprocess
@@ -41,6 +42,7 @@ from flax.core import init, lift
 from flax.core import scope as core_scope
 
 from flax_tieext.core import tie_lift
+from flax_tieext.core import ties
 
 
 def run_python(code: str, mode: str) -> dict:
@@ -358,6 +360,29 @@ def test_a_pack_name_of_any_kind_is_handed_on_as_given():
         jax.random.key(0), jnp.ones((2, 3)))
     seen.append(y.shape)
   assert seen == [(2, 3)] * 3
+
+
+
+def _names_given_to_flax_pack(fn):
+  """The ``name`` each of Flax's ``pack`` wrappers found behind ``fn`` holds."""
+  names, todo = [], [fn]
+  while todo:
+    nonlocals = inspect.getclosurevars(todo.pop()).nonlocals
+    if 'enable_kwargs' in nonlocals and 'name' in nonlocals:  # Flax's wrapper
+      names.append(nonlocals['name'])
+    todo += [v for v in nonlocals.values() if inspect.isfunction(v)]
+  return names
+
+
+def test_flax_pack_is_given_the_name_a_transform_gives_it():
+  # lift.jit's pack used to get a str subclass (the site of its trace cache).
+  jitted = lift.jit(lambda scope, key, x: _dense(scope, x))
+  names = _names_given_to_flax_pack(jitted)
+  assert names and all(type(n) is str for n in names), names  # pylint: disable=unidiomatic-typecheck
+  y, _ = init(lambda s, x: jitted(s.push('a'), 0, x))(
+      jax.random.key(0), jnp.ones((2, 3)))
+  assert y.shape == (2, 3)
+  assert ties.PACK_SITE.get() is None
 
 
 GRID = r'''

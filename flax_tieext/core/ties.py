@@ -36,6 +36,7 @@ messages are ``flax_tieext.core.tie_errors``.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import threading
@@ -128,6 +129,8 @@ def sources_of(name) -> TieSources | None:
   None for a name no released transform gives (a user's ``pack``, whose name
   may be any object, hashable or not).
   """
+  if isinstance(name, PackSite):
+    name = name.name
   return BY_PACK_NAME.get(name) if isinstance(name, str) else None
 
 
@@ -154,7 +157,7 @@ class Lift:
                site: Any = None):
     self._outer = outer  # the outer scope
     self._siblings = siblings  # the inner roots of the same pack (tie sources included)
-    self.name = name  # the pack's name
+    self.name = str(name)  # the pack's name (of its PackSite, if any)
     self.maps = maps  # the transform maps over an axis (see TieSources)
     self.caches_trace = caches_trace  # the transform reuses its trace (see TieSources)
     self.rngs_only = rngs_only  # a tie source lifted for its rngs (variables: outside)
@@ -170,16 +173,29 @@ class Lift:
     return tuple(map(deref, self._siblings))
 
 
-class PackSite(str):
-  """The name a transform that reuses its trace (``nn.jit``) gives ``pack``.
+class PackSite:
+  """One ``pack`` of a transform that reuses its trace (``nn.jit``).
 
-  Made once per ``pack`` call, so it stands for one trace cache, and handed
-  by ``pack`` to every packing of it (``_partial_pack``'s ``name``); it keeps
-  the ties met inside that trace (:class:`MetInside`). As a name it is the
-  name: only ``pack``'s debug label reads it.
+  Made once per ``pack`` call, so it stands for one trace cache; it keeps
+  the ties met inside that trace (:class:`MetInside`). The patched ``pack``
+  hands it to each packing of it through :data:`PACK_SITE`, and the records
+  of the packing carry it where they carry the pack's name (``str`` of it is
+  the name); Flax's ``pack`` and ``_partial_pack`` see the name only.
   """
 
-  met: MetInside | None = None
+  __slots__ = ('name', 'met')
+
+  def __init__(self, name: str):
+    self.name = name
+    self.met: MetInside | None = None
+
+  def __str__(self):
+    return self.name
+
+
+# The site of the packing under way (a one-element list that ``_partial_pack``
+# empties; see ``_patch._pack``).
+PACK_SITE = contextvars.ContextVar('flax_tieext_pack_site', default=None)
 
 
 def linked(scope_fn, scope_tree, name):
