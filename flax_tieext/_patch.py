@@ -60,6 +60,7 @@ import flax.linen as nn
 import flax.linen.transforms as linen_transforms
 
 from flax_tieext import _compat
+from flax_tieext import errors
 from flax_tieext import _static_args_diagnostics as diagnostics
 from flax_tieext import linen as our_linen
 from flax_tieext.core import _static_args
@@ -210,19 +211,36 @@ def _machinery_bindings() -> list[_Binding]:
 
 
 def _pack(pack):
-  """``lift.pack``: a transform that reuses its trace names it with a site.
+  """``lift.pack``: a transform that reuses its trace has a site.
 
   Upstream each transform passes ``pack`` its declaration (``tie_sources=``),
-  and ``pack`` hands it to ``_partial_pack``. Here the name ``pack`` hands on
-  is the carrier: for ``nn.jit`` a :class:`ties.PackSite`, made once per
-  ``pack`` call (one trace cache), which keeps the ties met inside it.
+  and ``pack`` hands it to ``_partial_pack``. Here, for ``nn.jit``, a
+  :class:`ties.PackSite` made once per ``pack`` call (one trace cache) keeps
+  the ties met inside it; each call of the packed function hands it to its
+  ``_partial_pack`` in a one-element list (``ties.PACK_SITE``), which
+  ``_partial_pack`` empties. Flax's ``pack`` gets the arguments as given,
+  and any other name (a user's, hashable or not) changes nothing.
   """
   @functools.wraps(pack)
-  def sited_pack(fn, *args, name=None, **kwargs):
-    sources = ties.BY_PACK_NAME.get(name)
-    if sources is not None and sources.caches_trace:
-      name = ties.PackSite(name)
-    return pack(fn, *args, name=name, **kwargs)
+  def sited_pack(fn, in_variable_filters, out_variable_filters, rng_filters,
+                 name=None, enable_kwargs=False):
+    packed = pack(fn, in_variable_filters, out_variable_filters, rng_filters,
+                  name, enable_kwargs)
+    if type(name) is not str or not ties.caches_trace(name):  # pylint: disable=unidiomatic-typecheck
+      return packed
+    site = ties.PackSite(name)
+
+    @functools.wraps(packed)
+    def sited(scope_tree, *args, **kwargs):  # as Flax's wrapper
+      cell = [site]
+      token = ties.PACK_SITE.set(cell)
+      try:
+        return packed(scope_tree, *args, **kwargs)
+      finally:
+        cell.clear()
+        ties.PACK_SITE.reset(token)
+    sited.__wrapped__ = packed.__wrapped__  # Flax's: fn
+    return sited
   return sited_pack
 
 
@@ -235,23 +253,31 @@ def _partial_pack(pack):
   outside the scopes are packed too: upstream each transform passes
   ``pack`` what it declares of them (``tie_sources=``); a released transform
   does not, so it is looked up by the name the transform gives ``pack``
-  (``ties.BY_PACK_NAME``; a transform not listed declares nothing).
+  (``ties.BY_PACK_NAME``; a transform not listed declares nothing). A scan
+  call's record (:func:`_scan`) is read here, once, and emptied.
   """
   @functools.wraps(pack)
   def tied_partial_pack(scope_tree, in_variable_filters, out_variable_filters,
                         rng_filters, name=None):
-    call = tie_lift.SCAN_CALL.get() if name == 'scan' else None
+    call, site = None, None
+    if isinstance(name, str) and name == 'scan':
+      cell = tie_lift.SCAN_CALL.get()
+      if cell and cell[0].scope_tree is scope_tree:
+        call = cell.pop()
+    elif type(name) is str and ties.caches_trace(name):  # pylint: disable=unidiomatic-typecheck
+      cell = ties.PACK_SITE.get()
+      site = cell.pop() if cell else None
+    # What the plugin's records name the pack by: its site, if it has one.
+    label = name if site is None else site
     tied = _machinery_bound and tie_lift.packed(
-        scope_tree, name, ties.BY_PACK_NAME.get(name),
-        call if call is not None and call.scope_tree is scope_tree else None)
-    shown = str(name) if isinstance(name, ties.PackSite) else name
+        scope_tree, label, ties.sources_of(name), call)
     if not tied:
       scope_fn, *rest = pack(scope_tree, in_variable_filters,
-                             out_variable_filters, rng_filters, shown)
-      return (ties.linked(scope_fn, scope_tree, name), *rest)
+                             out_variable_filters, rng_filters, name)
+      return (ties.linked(scope_fn, scope_tree, label), *rest)
     scope_fn, repack_fn, variable_groups, *rest = pack(
         tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
-        shown)
+        name)
     return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
             *rest)
   return tied_partial_pack
@@ -265,21 +291,66 @@ def _scan(scan):
   tie sources it packs. Here the scan function records the arguments it was
   made with and the inputs of each call, for the ``_partial_pack`` of that
   call; only a tie source scanned over (``in_scan='scanned'``) reads them.
+  The record lives in a one-element list that ``_partial_pack`` empties and
+  the call empties when it returns: a context copied inside the call
+  (``contextvars.copy_context``, an asyncio task) keeps no argument of it.
+  The scan function takes its arguments as Flax's does (``scope_tree``, then
+  whatever ``inner`` takes) and is wrapped as Flax wraps it.
   """
-  @functools.wraps(scan)
-  def recording_scan(*args, **kwargs):
-    scan_fn = scan(*args, **kwargs)
+  def recording_scan(*scan_args, **scan_kwargs):
+    scan_fn = scan(*scan_args, **scan_kwargs)
 
     @functools.wraps(scan_fn)
-    def recording_scan_fn(scope_tree, init, *xs, **kw):
-      token = tie_lift.SCAN_CALL.set(
-          tie_lift.ScanCall(scope_tree, scan, args, kwargs, xs))
+    def recording_scan_fn(scope_tree, *args, **kwargs):  # as Flax's wrapper
+      cell = [tie_lift.ScanCall(scope_tree, scan, scan_args, scan_kwargs,
+                                args[1:])]
+      token = tie_lift.SCAN_CALL.set(cell)
       try:
-        return scan_fn(scope_tree, init, *xs, **kw)
+        return scan_fn(scope_tree, *args, **kwargs)
       finally:
+        cell.clear()
         tie_lift.SCAN_CALL.reset(token)
+    recording_scan_fn.__wrapped__ = scan_fn.__wrapped__  # Flax's: its inner
     return recording_scan_fn
-  return recording_scan
+  return _taking_parameters_of(scan, recording_scan)
+
+
+def _taking_parameters_of(original, body):
+  """``body`` behind a function with ``original``'s very parameters.
+
+  Their names, kinds and defaults, so that a call binds (or fails to bind)
+  exactly as it does on ``original``, and ``inspect.signature`` of the
+  function itself (``follow_wrapped=False``) is ``original``'s; ``body``
+  gets the call's arguments as bound. Wrapped as ``functools.wraps`` wraps.
+  """
+  parameters, passed, defaults = [], [], {}
+  kinds = inspect.Parameter
+  signature = inspect.signature(original, follow_wrapped=False)
+  for p in signature.parameters.values():
+    text, arg = p.name, p.name
+    if p.default is not p.empty:
+      defaults[p.name] = p.default
+      text += f'=_defaults[{p.name!r}]'
+    if p.kind is kinds.VAR_POSITIONAL:
+      text, arg = f'*{p.name}', f'*{p.name}'
+    elif p.kind is kinds.VAR_KEYWORD:
+      text, arg = f'**{p.name}', f'**{p.name}'
+    elif p.kind is kinds.KEYWORD_ONLY:
+      if not any(t.startswith('*') for t in parameters):
+        parameters.append('*')
+      arg = f'{p.name}={p.name}'
+    elif p.kind is not kinds.POSITIONAL_ONLY and any(
+        q.kind is kinds.POSITIONAL_ONLY for q in signature.parameters.values()
+    ) and '/' not in parameters:
+      parameters.append('/')
+    parameters.append(text)
+    passed.append(arg)
+  name = getattr(original, '__name__', 'wrapper')
+  source = (f'def {name}({", ".join(parameters)}):\n'
+            f'  return _body({", ".join(passed)})\n')
+  namespace = {'_defaults': defaults, '_body': body}
+  exec(source, namespace)  # pylint: disable=exec-used
+  return functools.wraps(original)(namespace[name])
 
 
 def _scope_rewound(rewound):
@@ -299,6 +370,7 @@ def _scope_rewound(rewound):
   return linked_rewound
 
 
+@functools.cache  # one object for flax.core.init and its alias scope.init
 def _core_init(init):
   """``flax.core.init``: where a target ran first, init runs again, seeded.
 
@@ -318,6 +390,7 @@ def _core_init(init):
       return y
 
     first = init(fn_then_check, mutable, flags)
+    first.__wrapped__ = fn  # as Flax's init wraps it
     if mutable is False:  # nothing can be stored: no target runs first
       return first
 
@@ -331,6 +404,7 @@ def _core_init(init):
         )(seeds, *args, rngs=keys, **kwargs)
       return ties.init_once_more(
           lambda: first(rngs, *args, **kwargs), again)
+    wrapper.__wrapped__ = fn
     return wrapper
   return tied_init
 
@@ -418,32 +492,40 @@ def _nnx_scan(scan):
     return scan
   missing, default_axes = params['f'].default, params['in_axes'].default
 
-  @functools.wraps(scan)
-  def scan_naming_ties(f=missing, **kwargs):
+  def scan_naming_ties(f=missing, **scan_kwargs):
     if f is missing:  # a decorator with arguments
-      return functools.partial(scan_naming_ties, **kwargs)
-    scanned = scan(f, **kwargs)
+      return functools.partial(scan_naming_ties, **scan_kwargs)
+    scanned = scan(f, **scan_kwargs)
 
     @functools.wraps(scanned)
-    def call(*args, **call_kwargs):
+    def call(*args, **kwargs):
       from flax_tieext.nnx import tielib  # pylint: disable=g-import-not-at-top
-      in_axes = kwargs.get('in_axes', default_axes)
-      stacked = None if call_kwargs else tielib.scanned_sources(in_axes, args)
+      if not any(map(tielib.broadcasts, args)):  # no tie of the plugin's
+        return scanned(*args, **kwargs)
+      in_axes = scan_kwargs.get('in_axes', default_axes)
+      stacked = None if kwargs else tielib.scanned_sources(in_axes, args)
       if stacked is not None:  # tied sources the scan slices (in_scan)
         args, axes, check = stacked
-        out = scan(f, **{**kwargs, 'in_axes': axes})(*args)
+        out = scan(f, **{**scan_kwargs, 'in_axes': axes})(*args)
         check()
         return out
       try:
-        return scanned(*args, **call_kwargs)
+        return scanned(*args, **kwargs)
       except ValueError as error:
-        sliced = tielib.sliced_source(in_axes, args)
+        if isinstance(error, errors.TieError):
+          raise
+        try:
+          sliced = tielib.sliced_source(in_axes, args)
+        except Exception:  # pylint: disable=broad-except
+          sliced = None  # the explanation failed: Flax's error stands
         if sliced is None:
           raise
         raise sliced from error
+    call.__wrapped__ = scanned.__wrapped__  # Flax's: f
 
     return call
 
+  scan_naming_ties = _taking_parameters_of(scan, scan_naming_ties)
   return scan_naming_ties
 
 

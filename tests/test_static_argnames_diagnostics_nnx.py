@@ -240,8 +240,13 @@ class RematStaticArgsDiagnosticsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*MODES)
   def test_traced_flag_note_keeps_the_error_type(self, graph, graph_updates):
+    # Without forward's str default, which graph mode traces (and refuses
+    # with a TypeError, as plain Flax does: tests/test_transparency_hooks.py).
+    def forward(m, x, deterministic=False):
+      return self.forward(m, x, deterministic)
+
     with self.assertRaises(jax.errors.ConcretizationTypeError) as e:
-      nnx.remat(self.forward, graph=graph, graph_updates=graph_updates)(
+      nnx.remat(forward, graph=graph, graph_updates=graph_updates)(
         self.MLP(nnx.Rngs(0)), jnp.ones((2, 3)), deterministic=True
       )
     self.assertRegex(

@@ -325,19 +325,20 @@ def call_signature(fn):
     return None
 
 
-def bind_call(signature, args, kwargs):
+def bind_call(signature, args, kwargs, omit_str=True):
   """The call with keywords at their positions and defaults filled in.
 
   As ``nnx``'s ``resolve_kwargs`` binds a call; a keyword-only argument stays
-  a keyword, and a default holding a ``str`` (which JAX cannot trace) stays
-  omitted. ``signature`` is ``call_signature(fn)``.
+  a keyword, and with ``omit_str`` a default holding a ``str`` (which JAX
+  cannot trace) stays omitted (without, it is filled in and traced, as Flax
+  traces it). ``signature`` is ``call_signature(fn)``.
   """
   if signature is None:
     return args, kwargs
   bound = signature.bind(*args, **kwargs)
   given = set(bound.arguments)
   bound.apply_defaults()
-  for name in set(bound.arguments) - given:
+  for name in (set(bound.arguments) - given) if omit_str else ():
     if holds_str(bound.arguments[name]):
       del bound.arguments[name]
   return bound.args, bound.kwargs

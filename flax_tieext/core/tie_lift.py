@@ -30,6 +30,7 @@ from collections.abc import Mapping
 import contextvars
 import functools
 import inspect
+import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -287,19 +288,26 @@ def _borrowed(scope) -> set[str]:
   return found
 
 
-def _link(outer_scopes, inner_scopes, name, packed, kinds):
+def _link(outer_scopes, inner_scopes, name, packed, kinds, held: int):
   """Records on each inner root what it stands for, as ``ties.linked`` does.
 
   The tie sources packed are inner roots too (``kinds``: lifted for their
   rngs only, holding closed-over values); an inner root whose outer scope
-  holds closed-over values holds them too, read-only.
+  holds closed-over values holds them too, read-only. Scopes are named
+  weakly (``ties.LINK``), except the tie sources packed: nothing else holds
+  them, so the first ``held`` roots (those the transform holds) hold them.
   """
   roots = tuple(inner_scopes)
-  for outer, inner, (rngs_only, closure) in zip(outer_scopes, roots, kinds):
+  weak = tuple(map(weakref.ref, roots))
+  holding = weak[:held] + roots[held:]
+  packed = tuple(map(weakref.ref, packed))
+  for k, (outer, inner, (rngs_only, closure)) in enumerate(
+      zip(outer_scopes, roots, kinds)):
     lift = _lift(outer)
     closure = closure or (lift.closure if lift else None)
     inner.flags = outer.flags  # (without_borrowed packs a copy without ties)
-    inner.__dict__[LINK] = (outer, roots, name, packed, rngs_only, closure)
+    inner.__dict__[LINK] = (weakref.ref(outer), holding if k < held else weak,
+                            name, packed, rngs_only, closure)
     if closure:
       inner.mutable = False
 
@@ -356,8 +364,9 @@ class Packed:
     sums its gradient); where the trace is reused, the groups are keyed by
     the ties inside.
     """
+    call, self.call = self.call, None  # read once: the call's record dies here
     if self.stacked:
-      variable_groups = _stacked(variable_groups, self.stacked, self.call)
+      variable_groups = _stacked(variable_groups, self.stacked, call)
     if self.key is None or not any(self.key):
       return variable_groups
     return _Keyed(variable_groups, self.key)
@@ -381,7 +390,7 @@ class Packed:
       if isinstance(variable_groups, _Keyed):
         variable_groups = variable_groups.groups
       inner = scope_fn(variable_groups, *args, **kwargs)
-      _link(reals, inner, self.name, self.outer, self.kinds)
+      _link(reals, inner, self.name, self.outer, self.kinds, n)
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = counters_now(start)

@@ -36,9 +36,11 @@ messages are ``flax_tieext.core.tie_errors``.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -71,8 +73,18 @@ TIES_FLAG = '__ties__'
 # ``pack`` when it makes the root (:func:`linked`, or ``tie_lift`` where ties
 # are in force): ``(outer scope, inner roots, pack's name, outer scopes packed,
 # lifted for its rngs only, Lift of the closed-over values it holds)``, made
-# into a :class:`Lift` when a tie asks (:func:`lift_record`).
+# into a :class:`Lift` when a tie asks (:func:`lift_record`). The scopes are
+# held weakly (``weakref.ref``; :func:`deref`): the record keeps nothing
+# alive and makes no cycle with the roots it names, so an inner root dies
+# when Flax drops it, and a module kept from inside a transform keeps no
+# outer scope, as in Flax. Only a tie source packed beside the transform's
+# scopes, which nothing else holds, is held strongly by those scopes.
 LINK = '_tie_link'
+
+
+def deref(ref):
+  """The scope a link's reference names: a weak one's (None once freed)."""
+  return ref() if type(ref) is weakref.ref else ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,34 +123,79 @@ BY_PACK_NAME = {
 }
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+def sources_of(name) -> TieSources | None:
+  """The declaration of the transform that gives ``pack`` ``name``, or None.
+
+  None for a name no released transform gives (a user's ``pack``, whose name
+  may be any object, hashable or not).
+  """
+  if isinstance(name, PackSite):
+    name = name.name
+  return BY_PACK_NAME.get(name) if isinstance(name, str) else None
+
+
+def caches_trace(name: str) -> bool:
+  """Whether the transform that gives ``pack`` ``name`` reuses its trace."""
+  sources = BY_PACK_NAME.get(name)
+  return sources is not None and sources.caches_trace
+
+
 class Lift:
   """What an inner root scope of a lifted transform stands for.
 
   Made from what ``pack`` records on the inner root (``LINK``), as Flax
   records ``parent`` on a child: one reference per root, no search afterwards.
+  ``outer`` and ``siblings`` are given as scopes or weak references to them
+  (:func:`deref`), and read as scopes (None for one freed).
   """
 
-  outer: Any  # the outer scope
-  siblings: tuple  # the inner roots of the same pack (tie sources included)
-  name: str  # the pack's name
-  maps: bool  # the transform maps over an axis (see TieSources)
-  caches_trace: bool  # the transform reuses its trace (see TieSources)
-  rngs_only: bool  # a tie source lifted for its rngs (variables: outside)
-  closure: Any  # the Lift of the transform whose closed-over values it holds
-  site: Any = None  # a transform reusing its trace: (PackSite, outer paths)
+  __slots__ = ('_outer', '_siblings', 'name', 'maps', 'caches_trace',
+               'rngs_only', 'closure', 'site')
+
+  def __init__(self, outer, siblings: tuple, name: str, maps: bool,
+               caches_trace: bool, rngs_only: bool, closure: Any,
+               site: Any = None):
+    self._outer = outer  # the outer scope
+    self._siblings = siblings  # the inner roots of the same pack (tie sources included)
+    self.name = str(name)  # the pack's name (of its PackSite, if any)
+    self.maps = maps  # the transform maps over an axis (see TieSources)
+    self.caches_trace = caches_trace  # the transform reuses its trace (see TieSources)
+    self.rngs_only = rngs_only  # a tie source lifted for its rngs (variables: outside)
+    self.closure = closure  # the Lift of the transform whose closed-over values it holds
+    self.site = site  # a transform reusing its trace: (PackSite, outer paths)
+
+  @property
+  def outer(self):
+    return deref(self._outer)
+
+  @property
+  def siblings(self) -> tuple:
+    return tuple(map(deref, self._siblings))
 
 
-class PackSite(str):
-  """The name a transform that reuses its trace (``nn.jit``) gives ``pack``.
+class PackSite:
+  """One ``pack`` of a transform that reuses its trace (``nn.jit``).
 
-  Made once per ``pack`` call, so it stands for one trace cache, and handed
-  by ``pack`` to every packing of it (``_partial_pack``'s ``name``); it keeps
-  the ties met inside that trace (:class:`MetInside`). As a name it is the
-  name: only ``pack``'s debug label reads it.
+  Made once per ``pack`` call, so it stands for one trace cache; it keeps
+  the ties met inside that trace (:class:`MetInside`). The patched ``pack``
+  hands it to each packing of it through :data:`PACK_SITE`, and the records
+  of the packing carry it where they carry the pack's name (``str`` of it is
+  the name); Flax's ``pack`` and ``_partial_pack`` see the name only.
   """
 
-  met: MetInside | None = None
+  __slots__ = ('name', 'met')
+
+  def __init__(self, name: str):
+    self.name = name
+    self.met: MetInside | None = None
+
+  def __str__(self):
+    return self.name
+
+
+# The site of the packing under way (a one-element list that ``_partial_pack``
+# empties; see ``_patch._pack``).
+PACK_SITE = contextvars.ContextVar('flax_tieext_pack_site', default=None)
 
 
 def linked(scope_fn, scope_tree, name):
@@ -149,9 +206,11 @@ def linked(scope_fn, scope_tree, name):
   ``parent``; the plugin wraps the ``scope_fn`` of ``lift._partial_pack``.
   Untied code pays a tuple per root (and no Python call of its own beyond
   the wrapper's): the :class:`Lift` is made when a tie asks
-  (:func:`lift_record`).
+  (:func:`lift_record`). Every scope is held weakly (``LINK``): neither the
+  record nor ``scope_fn`` keeps a scope alive.
   """
-  outer = jax.tree_util.default_registry.flatten(scope_tree)[0]
+  outer = tuple(map(weakref.ref,
+                    jax.tree_util.default_registry.flatten(scope_tree)[0]))
 
   def linking_scope_fn(*args, **kwargs):
     inner_tree = scope_fn(*args, **kwargs)
@@ -159,7 +218,7 @@ def linked(scope_fn, scope_tree, name):
     roots = ()
     for i in inner:
       if i.parent is None:
-        roots += (i,)
+        roots += (weakref.ref(i),)
     for o, i in zip(outer, inner):  # pack makes one inner scope per leaf
       if i.parent is None:
         i.__dict__[LINK] = (o, roots, name, outer, False, None)
@@ -222,11 +281,11 @@ def lift_record(scope) -> Lift | None:
   found = root.__dict__.get(LINK)
   if type(found) is tuple:  # recorded by pack (see LINK): made into a Lift once
     outer, roots, name, packed, rngs_only, closure = found
-    sources = BY_PACK_NAME.get(name)
+    sources = sources_of(name)
     found = root.__dict__[LINK] = Lift(
         outer, roots, str(name), sources is not None and sources.maps,
         sources is None or sources.caches_trace, rngs_only, closure,
-        (name, tuple(s.path for s in packed))
+        (name, tuple(deref(s).path for s in packed))
         if isinstance(name, PackSite) else None)
   return found
 
@@ -272,6 +331,8 @@ def locate(scope, path: Path, rngs: bool = False):
     if lift is None:
       break
     for sib in lift.siblings:
+      if sib is None:
+        continue
       info = lift_record(sib)
       if (sib is not scope.root and is_within(path, sib.path)
           and (rngs or not info.rngs_only)):

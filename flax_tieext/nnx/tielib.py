@@ -369,8 +369,16 @@ def _check_broadcast(module, record: Tie, source, rank: int):
     raise _sliced(module, record, source, f'rank {rank} -> {len(shape)}')
 
 
+class SlicedSourceError(TieError, ValueError):
+  """A source broadcast into a stack, sliced by ``nnx.scan``.
+
+  Raised from the ``ValueError`` of the failed call it explains, and a
+  ``ValueError`` itself, so ``except ValueError`` still catches it.
+  """
+
+
 def _sliced(module, record: Tie, source, how: str) -> TieError:
-  return TieError(
+  return SlicedSourceError(
       f'{type(module).__name__}: {record.describe()}: the source'
       f' {record.text(record.source)} lies outside the stack'
       f' {record.text(record.target[:-1])} and is broadcast into it, but a'
@@ -381,20 +389,33 @@ def _sliced(module, record: Tie, source, how: str) -> TieError:
   )
 
 
+def broadcasts(arg) -> bool:
+  """Whether ``arg`` is a tied module that broadcasts a source into a stack.
+
+  Read from the module's own record (:func:`_bind`), without walking it:
+  the patched ``nnx.scan`` asks it of each of its arguments, and looks no
+  further where none is.
+  """
+  return isinstance(arg, nnx.Pytree) and _BROADCAST_RANKS in getattr(
+      arg, '__dict__', ())
+
+
 def sliced_source(in_axes, args) -> TieError | None:
   """The error for the first broadcast source that ``in_axes`` slices.
 
-  Asked by the patched ``nnx.scan`` where its call fails: a source broadcast
-  into a stack (see :func:`tie`) must be given None in the scan's prefix.
+  Asked by the patched ``nnx.scan`` where its call fails and an argument
+  broadcasts a tied source (:func:`broadcasts`): such a source must be given
+  None in the scan's prefix.
   When it is not and its leading axis matches the stack's, the rebuild
   inside the scan refuses it (:func:`_check_broadcast`); when the lengths
   differ, ``jax.lax.scan`` refuses first, naming only the leading sizes.
   """
   broadcast = {}  # id of a broadcast source -> (module, its tie)
-  for module in jax.tree.leaves(args, is_leaf=lambda x: isinstance(
-      x, nnx.Pytree) and _BROADCAST_RANKS in vars(x)):
+  for module in args:
+    if not broadcasts(module):
+      continue
     for record, rank in zip(getattr(module, '_tieext_ties', ()),
-                            vars(module).get(_BROADCAST_RANKS, ())):
+                            vars(module)[_BROADCAST_RANKS]):
       if rank is not None:
         broadcast[id(_get(module, record.source))] = module, record
   if not broadcast:
@@ -449,7 +470,7 @@ def scanned_sources(in_axes, args):
   is_var = lambda x: isinstance(x, nnx.Variable)
   new_args, new_axes, scanned = list(args), list(in_axes), []
   for i, (module, axes) in enumerate(zip(args, in_axes)):
-    ranks = vars(module).get(_BROADCAST_RANKS) if isinstance(module, nnx.Pytree) else None
+    ranks = vars(module)[_BROADCAST_RANKS] if broadcasts(module) else None
     if not ranks or isinstance(axes, int) or axes is None or axes is nnx.Carry:
       continue
     leaves, treedef = jax.tree.flatten(module, is_leaf=is_var)

@@ -171,12 +171,15 @@ def remat(
     return remat_wrapper  # type: ignore[return-value]
 
   signature = _static_args.call_signature(f_unbound)
+  # A str default stays untraced where arguments are made static; without,
+  # it is traced and refused, as on plain Flax.
+  omit_str = statics.static_argnums != () or statics.static_argnames != ()
 
   @functools.wraps(f_unbound)
   def resolved_remat_wrapper(*args, **kwargs):
     # As resolve_kwargs does in the graph path.
     return statics.apply(
-      rematted, *_static_args.bind_call(signature, args, kwargs)
+      rematted, *_static_args.bind_call(signature, args, kwargs, omit_str)
     )
 
   return resolved_remat_wrapper  # type: ignore[return-value]
