@@ -589,7 +589,7 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
            route(scope, tie, col, write=write,
                  found=bool(node) or tie.target in form.below,
                  given=_given(scope, col), crossed=crossed))
-    if how == COPY and col != 'params' and not write:
+    if how == COPY and not node and col != 'params' and not write:
       return _untied(scope, col, write)  # nothing of its own yet
   if isinstance(how, Refused):
     raise refused(scope, tie, col, how, write=write, crossed=crossed)
