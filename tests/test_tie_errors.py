@@ -478,3 +478,46 @@ def test_tie_error_points_at_its_own_documentation():
   assert 'flax.readthedocs.io' not in message
   assert 'Scope machinery' in flax_tieext.TieError.__doc__ or (
       'source' in flax_tieext.TieError.__doc__)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: a TieError naming the argument, at the call (issue 52).
+# ---------------------------------------------------------------------------
+
+_TIED_TREE = {'params': {'a': {'w': jnp.ones(2)}}}
+_UNTIED_TREE = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}}}
+
+
+@pytest.mark.parametrize('call, argument', [
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'aa'}), '/aa'),
+    (lambda: flax_tieext.tie_variables(_TIED_TREE, {'c': 'aa'}), '/aa'),
+    (lambda: flax_tieext.tie_variables([1, 2], {'b': 'a'}), 'variables=[1, 2]'),
+    (lambda: flax_tieext.tie_variables(None, {'b': 'a'}), 'variables=None'),
+    (lambda: flax_tieext.untie_variables(None, {'b': 'a'}), 'variables=None'),
+    (lambda: flax_tieext.untie_variables({'params': 1}, {'b': 'a'}),
+     'variables='),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, None), 'ties'),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'},
+                                       stacks=['b']), "stacks=['b']"),
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},
+                                         stacks=['b']), "stacks=['b']"),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'},
+                                       collections=123), 'collections=123'),
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},
+                                         collections=[['params']]),
+     "collections=[['params']]"),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'}, merge='avg'),
+     "merge='avg'"),
+    (lambda: tie(Pair, {'b': 'a'}, collections=[['params']]),
+     "nn.tie(..., collections=[['params']])"),
+    (lambda: tie(Pair, {'b': 'a'}, collections=123),
+     'nn.tie(..., collections=123)'),
+    (lambda: flax_tieext.core.lift.tie(lambda s: s, {'b': 'a'},
+                                       collections=123),
+     'lift.tie(..., collections=123)'),
+])
+@needs_patch  # (nn.tie refuses to declare anything without the patch)
+def test_bad_input_is_a_tie_error_naming_the_argument(call, argument):
+  with pytest.raises(TieError) as e:
+    call()
+  assert argument in str(e.value), str(e.value)

@@ -116,6 +116,12 @@ def not_a_mapping(ties, api: str = 'lift.tie') -> TieError:
       f' path (or to (source path, view_fn)), got {kind} {ties!r}. {fix}')
 
 
+def bad_argument(api: str, name: str, value, expected: str) -> TieError:
+  """An argument of ``api`` of a kind it does not take."""
+  return TieError(f'{api}(..., {name}={value!r}): {name} must be {expected};'
+                  f' got {type(value).__name__} {value!r}.')
+
+
 def view_not_callable(api: str, target, spec) -> TieError:
   return TieError(
       f'The source of tie {target!r} given to {api}(..., ties) must be a path,'
@@ -521,7 +527,8 @@ def not_equal(tie, col: str, how: str) -> TieError:
 
 def bad_merge(merge, merges: Sequence[str]) -> TieError:
   return TieError(
-      f'merge must be None (refuse copies that differ), '
+      f'tie_variables(..., merge={merge!r}): merge must be None (refuse copies'
+      ' that differ), '
       f'{", ".join(map(repr, merges))} or a function (source, copies) ->'
       f' source; got {merge!r}.'
       + (did_you_mean(merge, merges) if isinstance(merge, str) else ''))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
@@ -193,6 +193,19 @@ def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
 # stack's length before the scan and scanned over like the stack's own. None
 # (the default) chooses at each scan call (``tie_lift.lifted_sources``).
 IN_SCAN = ('broadcast', 'scanned')
+
+
+def collections_given(collections: Any, api: str = 'lift.tie') -> Any:
+  """``collections`` as ``api`` takes it, checked: a Flax collection filter."""
+  from flax.core.scope import DenyList  # pylint: disable=g-import-not-at-top
+  f = collections.deny if isinstance(collections, DenyList) else collections
+  if not isinstance(f, (str, bool)) and not (
+      isinstance(f, Collection) and all(isinstance(c, str) for c in f)):
+    raise tie_errors.bad_argument(
+        api, 'collections', collections, "a collection filter: a name"
+        " ('params'), a list of names (['params', 'batch_stats']), True (all)"
+        " or nn.DenyList(filter)")
+  return collections
 
 
 def in_scan_given(in_scan: Any, api: str = 'lift.tie') -> str | None:

@@ -444,7 +444,8 @@ def tie(
         ' ties name, e.g. nn.tie(Encoder, {"block_1": "block_0"}).')
   partial_object = target if isinstance(target, functools.partial) else None
   module_class = partial_object.func if partial_object else target
-  tied = _tied_class(module_class, tie_spec.given(ties, 'nn.tie'), collections,
+  tied = _tied_class(module_class, tie_spec.given(ties, 'nn.tie'),
+                     tie_spec.collections_given(collections, 'nn.tie'),
                      tie_spec.in_scan_given(in_scan, 'nn.tie'))
   if partial_object is not None:
     return functools.partial(tied, *partial_object.args,
