@@ -521,3 +521,19 @@ def test_bad_input_is_a_tie_error_naming_the_argument(call, argument):
   with pytest.raises(TieError) as e:
     call()
   assert argument in str(e.value), str(e.value)
+
+
+@needs_patch
+@pytest.mark.parametrize('ties, meant', [
+    ({'bb': 'a'}, '/b'),
+    ({'b/kernl': 'a/kernel'}, '/b/kernel'),
+    ({'bb/kernel': 'a/kernel'}, '/b/kernel'),
+])
+def test_misspelled_target_at_apply_names_the_tie_and_the_nearest(ties, meant):
+  variables = Pair().init(jax.random.key(0), X)
+  variables = {'params': {'a': variables['params']['a']}}  # b as tied
+  with pytest.raises(TieError) as e:
+    tie(Pair, ties)().apply(variables, X)
+  assert_message_names(str(e.value), f'Did you mean the target {meant}?',
+                       'the tie /' + next(iter(ties)))
+  assert_says_how_to_fix(str(e.value))

@@ -452,6 +452,15 @@ def target_missing(tie, hint: str) -> TieError:
       'Initialize with a method that runs the target.')
 
 
+def target_misspelled(tie, used: Path, near: Path) -> TieError:
+  """At apply, a parameter is missing beside a tie's target: a misspelling."""
+  return tie_error(
+      f'{text(used)} is used and not stored, and no tie gives it: the'
+      f' {tie.describe()} targets {text(tie.target)}, which is near it. Did'
+      f' you mean the target {text(near)}?',
+      FIX_PATH.format('target'))
+
+
 def no_counterpart(tie, col: str, path: Path, hint: str) -> TieError:
   return tie_error(
       f'The target {text(tie.target + path)} of the {tie.describe(col)} has no'

@@ -921,16 +921,17 @@ def check_param(scope, name: str, value, abs_value):
 
 
 def refuse_unknown_collection(scope, name: str):
-  """``Scope.param`` found no ``name``: a tie naming a collection nothing has.
+  """``Scope.param`` found no ``name``: the tie that should have given it.
 
   Raises the TieError that names it, where a tie covering the parameter names
-  only collections that no scope has (the tie that should have given the
-  parameter names another collection; Flax's error would not say why the
+  only collections that no scope has, or a ``params`` tie's target is a
+  misspelling of the parameter's path (Flax's error would not say why the
   parameter is missing).
   """
   path = scope.path + (name,)
   given = visible_collections(scope)
-  for tie in scope.flags[TIES_FLAG].declared:
+  declared = scope.flags[TIES_FLAG].declared
+  for tie in declared:
     names = named_collections(tie.collections)
     if not is_within(path, tie.target) or any(c in given for c in names):
       continue
@@ -938,6 +939,11 @@ def refuse_unknown_collection(scope, name: str):
       if not scope.is_mutable_collection(col):
         raise tie_errors.collection_unknown(
             tie, col, given, held_elsewhere(scope, tie.target, col))
+  for tie in declared:
+    near = path[:len(tie.target)]
+    if tie.applies_to('params') and near != tie.target and (
+        tie_errors.did_you_mean('/'.join(tie.target), ['/'.join(near)])):
+      raise tie_errors.target_misspelled(tie, path, near)
 
 
 def _alike(a, b) -> bool:
