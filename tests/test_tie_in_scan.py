@@ -466,3 +466,34 @@ def test_a_scan_inside_a_recorded_one_never_reads_the_outer_call():
     nn.tie(Encoder, ties, in_scan='scanned')().apply(variables, X)
   assert_message_names(str(info.value), '/outer/inner/attn',
                        "in_scan='scanned'", 'import flax_tieext')
+
+
+class TwoStacks(nn.Module):
+  """Two scanned stacks; ``shared`` calls one stack instance twice."""
+
+  shared: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(Layer, variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=N)
+    first = stack(name='s1')
+    x, _ = first(x, None)
+    x, _ = (first if self.shared else stack(name='s2'))(x, None)
+    return x
+
+
+@needs_patch
+@pytest.mark.parametrize('in_scan', [None, 'broadcast', 'scanned'])
+def test_a_stack_tied_whole_to_a_stack_is_one_shared_stack(in_scan):
+  # The tied stack holds its source's stacked variables: never stacked again.
+  tied = flax_tieext.linen.tie(TwoStacks, {'s2': 's1'}, in_scan=in_scan)()
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  shared = TwoStacks(shared=True)
+  ref_y, ref_variables = shared.init_with_output(jax.random.key(0), X)
+  assert_trees_equal(variables, ref_variables)
+  assert_trees_close(y, ref_y)
+  loss = lambda model: lambda v: jnp.sum(model.apply(v, X) ** 2)
+  assert_trees_close(tied.apply(variables, X), shared.apply(variables, X))
+  assert_trees_close(jax.grad(loss(tied))(variables),
+                     jax.grad(loss(shared))(variables))

@@ -129,17 +129,17 @@ def _scanned_collections(tie, scope, call: ScanCall | None) -> list[str]:
   """The tied collections ``call`` scans over (stacked), grouped as ``pack``
   groups them; none where the source is read as a loop invariant.
 
-  ``in_scan='scanned'`` stacks every tied collection the scan scans (and
-  needs the call's record); ``'broadcast'`` none; the default (None) stacks
-  them where the call is recorded (a scan made by the plugin's
-  ``lift.scan``) and the target lies inside the scanned module, not the
-  scanned module itself (a stack tied whole to another stack is scanned like
-  its source already); else it reads the source as a loop invariant. Both
-  ways give the same values and gradients, and refuse a write inside the
-  scan alike.
+  A stack tied whole to another stack (the target is the scanned module)
+  holds its source's stacked collections, and is scanned like its source
+  already: none. Otherwise ``in_scan='scanned'`` stacks every tied
+  collection the scan scans (and needs the call's record); ``'broadcast'``
+  none; the default (None) stacks them where the call is recorded (a scan
+  made by the plugin's ``lift.scan``); else it reads the source as a loop
+  invariant. Both ways give the same values and gradients, and refuse a
+  write inside the scan alike.
   """
-  if tie.in_scan == 'broadcast' or (tie.in_scan is None and (
-      call is None or tie.target == scope.path)):
+  if tie.target == scope.path or tie.in_scan == 'broadcast' or (
+      tie.in_scan is None and call is None):
     return []
   if call is None:
     raise tie_errors.scan_not_recorded(tie, scope.path_text)
