@@ -318,6 +318,7 @@ def test_a_misspelled_tied_collection_at_apply_is_the_ties_error(col, said):
   assert f"ties collection {col!r}" in message
   assert "collections given: 'params'" in message
   assert said in message
+  assert 'To fix it: Fix' not in message  # (one option reads as one)
 
 
 @needs_patch
@@ -537,3 +538,19 @@ def test_misspelled_target_at_apply_names_the_tie_and_the_nearest(ties, meant):
   assert_message_names(str(e.value), f'Did you mean the target {meant}?',
                        'the tie /' + next(iter(ties)))
   assert_says_how_to_fix(str(e.value))
+
+
+@needs_patch
+def test_a_missing_parameter_beside_a_used_target_is_flax_s_own_error():
+  # b_1 ran (its name is taken): b_2's missing kernel is no misspelling.
+  class Three(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for name in ('b_0', 'b_1', 'b_2'):
+        x = nn.Dense(D, name=name)(x)
+      return x
+
+  variables = Three().init(jax.random.key(0), X)
+  del variables['params']['b_1'], variables['params']['b_2']
+  with pytest.raises(flax_errors.ScopeParamNotFoundError):
+    tie(Three, {'b_1': 'b_0'})().apply(variables, X)

@@ -51,7 +51,7 @@ def tie_error(what: str, *options: str) -> TieError:
   """A TieError: what happened, then numbered options (only those that apply)."""
   options = [o for o in options if o]
   if len(options) == 1:
-    return TieError(f'{what}\n\nTo fix it: {options[0]}')
+    return TieError(f'{what}\n\nOption: {options[0]}')
   listed = ''.join(f'\n  {i}. {o}' for i, o in enumerate(options, 1))
   return TieError(f'{what}\n\nOptions:{listed}' if options else what)
 
@@ -329,13 +329,13 @@ def cannot_land(tie, col: str, where: str, transforms: Sequence[str],
       f' {tie.describe(col)} is used inside'
       f' {" and ".join(f"nn.{name}" for name in transforms)} at {where}, and'
       ' the source lies outside it, where it is a read-only (broadcast)'
-      ' value.' + near,
-      'Fix the source path.' if near else '',
-      'Declare the tie at the common ancestor of both paths, outside the'
-      f' {first}.' if declared_inside else '',
+      ' value.' + (near or ''),
       f'Write to the source outside the {first}.' if write else
       f'Run the source {text(tie.source)} before the {first}, so that it'
-      ' exists when the target reads it.')
+      ' exists when the target reads it.',
+      'Fix the source path.' if near else '',
+      'Declare the tie at the common ancestor of both paths, outside the'
+      f' {first}.' if declared_inside else '')
 
 
 def read_only(tie, col: str, where: str) -> TieError:
@@ -374,6 +374,20 @@ def unlike(tie, col: str, existing: str, value: str) -> TieError:
       f' {value}. Tied paths must hold variables of the same shape and dtype.',
       'Tie paths that hold variables of the same shape and dtype.',
       'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
+
+
+def stack_tied_to_layer(tie, col: str, source: Path, shape, axis: int,
+                        length) -> TieError:
+  """A stack tied whole to what is not a stack of its length."""
+  return tie_error(
+      f'The {tie.describe(col)} ties the stack {text(tie.target)} whole, to'
+      ' what is no stack of as many layers: the scan slices each of its'
+      f' variables along axis {axis} into its {length} layers, and the source'
+      f' {text(source)} has shape {shape}.',
+      "Tie what is inside the stack: a source outside it is read by every"
+      f" layer (e.g. {{'{text(tie.target + source[len(tie.source):][:1])}'"
+      f": '{text(source[:len(tie.source) + 1])}'}}).",
+      f'Tie the stack to a stack of {length} layers.')
 
 
 def view_loses_axis(tie, name: str, path) -> TieError:

@@ -39,7 +39,7 @@ from flax.core import axes_scan, meta
 from flax.core.frozen_dict import freeze
 from flax.core.scope import group_collections
 from flax_tieext.core import tie_errors
-from flax_tieext.core.tie_spec import is_within, walk
+from flax_tieext.core.tie_spec import flatten, in_filter, is_within, unbox, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
     BROADCAST,
     CLOSE_OVER,
@@ -169,6 +169,8 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
     if crossing is not None and _carries_its_source(scope, ties, crossing):
       continue
     for tie, col in ties:
+      if tie.target == scope.path and call is not None:
+        _check_stack(tie, col, scope, call)
       if any(is_within(tie.source, s.path) for s in scopes):
         continue
       if crossing is None:
@@ -204,6 +206,19 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       else:
         extra.append(Lifted(source, source, False, None))
   return extra
+
+
+def _check_stack(tie, col: str, scope, call: ScanCall):
+  """A stack tied whole is scanned like its source: one of as many layers."""
+  length, _, _, axes, _ = call.stacking
+  axis = next((a for f, a in axes.items() if in_filter(f, col)), None)
+  source, _ = reach(scope, tie.source)
+  for path, leaf in flatten(source._collection(col) if source and axis is not
+                            None and length is not None else {}):
+    shape = jnp.shape(unbox(leaf))
+    if not -len(shape) <= axis < len(shape) or shape[axis] != length:
+      raise tie_errors.stack_tied_to_layer(tie, col, tie.source + path, shape,
+                                           axis, length)
 
 
 def _carries_its_source(scope, inside, crossing: TieSources) -> bool:

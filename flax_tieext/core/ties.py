@@ -527,11 +527,11 @@ def refused(scope, tie: Tie, col: str, why: Refused, *, write: bool = False,
   if why == Refused.INSIDE:
     return tie_errors.declared_inside(
         tie, col, where, declared_inside(tie, col, crossed).name)
-  if why == Refused.CANNOT_LAND:
+  if why == Refused.CANNOT_LAND:  # (nothing stored yet: the path may be right)
+    tree = None if write else stored(scope, (), col)
     return tie_errors.cannot_land(
         tie, col, where, [lift.name for lift in crossed], write,
-        '' if write else tie_errors.nearest(stored(scope, (), col) or {},
-                                            tie.source),
+        tree and tie_errors.nearest(tree, tie.source),
         is_within(tie.declared_at, scope.root.path))
   if why == Refused.READ_ONLY:
     return tie_errors.read_only(tie, col, where)
@@ -940,8 +940,12 @@ def refuse_unknown_collection(scope, name: str):
         raise tie_errors.collection_unknown(
             tie, col, given, held_elsewhere(scope, tie.target, col))
   for tie in declared:
-    near = path[:len(tie.target)]
-    if tie.applies_to('params') and near != tie.target and (
+    near, common = path[:len(tie.target)], scope
+    while common is not None and not is_within(tie.target, common.path):
+      common = common.parent
+    if common is not None and len(tie.target) > len(common.path) and (
+        tie.target[len(common.path)] not in common.reservations  # never made
+    ) and tie.applies_to('params') and near != tie.target and (
         tie_errors.did_you_mean('/'.join(tie.target), ['/'.join(near)])):
       raise tie_errors.target_misspelled(tie, path, near)
 
