@@ -328,3 +328,76 @@ def patch_installed(request):
   yield
   if not was_installed:
     flax_tieext.uninstall()
+
+
+# The tie test files whose models are checked by ``tie_invariants``; the
+# files and tests that count traces, calls or a view's own calls are left out
+# (an extra apply would be counted), and the generator, which checks more.
+TIE_INVARIANT_FILES = ('test_tie_', 'upstream/linen_tie_test')
+TIE_INVARIANT_LEFT_OUT = (
+    'test_tie_trace_counts', 'test_tie_cost', 'test_tie_caches',
+    'test_tie_generated', 'test_each_call_site_is_traced_once',
+    'test_init_runs_again_only_where_a_target_ran_first_with_other_values')
+
+
+@pytest.fixture(autouse=True)
+def tie_invariants(request):
+  """On every Linen model a tie test initializes: the reference semantics.
+
+  ``init_with_output``'s output is what ``apply`` of the variables it returned
+  gives (same arguments, method and rngs), where that apply writes nothing
+  (a model that updates state at apply computes from other values): a model
+  whose ties are declared inside it (inner ties) too. What init stored holds
+  no target of a tied class's ties.
+  """
+  nodeid = request.node.nodeid
+  if (not any(f in nodeid.split('::')[0] for f in TIE_INVARIANT_FILES)
+      or any(f in nodeid for f in TIE_INVARIANT_LEFT_OUT)
+      or os.environ.get('TIEEXT_TEST_TIE_INVARIANTS') == '0'):  # (to time it)
+    yield
+    return
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from flax.core.scope import DenyList  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import tie_spec  # pylint: disable=g-import-not-at-top
+  init_with_output = nn.Module.init_with_output
+
+  def checked(self, rngs, *args, method=None,
+              mutable=DenyList('intermediates'), **kwargs):
+    y, variables = init_with_output(self, rngs, *args, method=method,
+                                    mutable=mutable, **kwargs)
+    if self.scope is not None or kwargs.get('capture_intermediates') or (
+        mutable not in (True, DenyList('intermediates'))) or callable(method):
+      return y, variables
+    # Stacked declarations mean their union (a part may be invalid alone).
+    declarations = getattr(type(self), '_tie_declarations', ())
+    for tie in tie_spec.compose(sum([tie_spec.absolute(t, c, (), in_scan=s)
+                                     for t, c, s in declarations], ())):
+      for col in variables:
+        assert not tie.applies_to(col) or tie_spec.walk(
+            variables[col], tie.target) is None, (
+                f'init stored the target of {tie.describe(col)}')
+    keys = rngs if isinstance(rngs, dict) else {'params': rngs}
+    try:
+      again, written = self.apply(variables, *args, rngs=keys, method=method,
+                                  mutable=True, **kwargs)
+    except Exception:  # pylint: disable=broad-except
+      return y, variables  # the test's to say (apply may be what it checks)
+    written, variables_now = nn.unbox(written), nn.unbox(variables)
+    if (jax.tree_util.tree_structure(written)
+        == jax.tree_util.tree_structure(variables_now)) and all(
+            np.array_equal(a, b) for a, b in zip(
+                jax.tree_util.tree_leaves(written),
+                jax.tree_util.tree_leaves(variables_now))):
+      jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(
+          a, b, rtol=1e-5, atol=1e-5, err_msg='init_with_output != apply')
+                             if np.issubdtype(np.asarray(a).dtype, np.number)
+                             else np.testing.assert_equal(a, b), y, again)
+    return y, variables
+
+  nn.Module.init_with_output = checked
+  try:
+    yield
+  finally:
+    nn.Module.init_with_output = init_with_output

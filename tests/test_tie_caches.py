@@ -24,6 +24,7 @@ trace, ``nn.jit``, both keep the first reading alike).
 """
 
 import dataclasses
+import pickle
 
 import flax.linen as nn
 import jax
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tie_blocks import D, LM, VOCAB
+from tie_blocks import D, LM, VOCAB, X, Pair
 from tie_wraps import WRAPS
 
 import flax_tieext  # noqa: F401  pylint: disable=unused-import
@@ -111,3 +112,22 @@ def test_an_nnx_view_changed_between_calls_is_read_at_each_call(view):
     view.scale = scale
     np.testing.assert_allclose(tied.head(tied.embed(tokens)), by_hand(tied),
                                rtol=1e-6)
+
+
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('make', [
+    lambda: flax_tieext.linen.tie(Pair, {'b': 'a'})(),
+    lambda: flax_tieext.linen.tie(Pair, {'b': 'a'}, in_scan='scanned')(
+        wrap='remat'),
+    lambda: flax_tieext.linen.tie(flax_tieext.linen.tie(
+        Pair, {'b/bias': 'a/bias'}), {'b/kernel': ('a/kernel', jnp.transpose)},
+                                  collections=['params'])(),
+], ids=['tie', 'in_scan', 'stacked with a view'])
+def test_a_tied_linen_module_pickles_by_reference_as_nnx_ones_do(make):
+  # The tied class has its class's name: pickle finds it by its ties.
+  module = make()
+  back = pickle.loads(pickle.dumps(module))
+  assert type(back) is type(module) and back == module
+  variables = module.init(jax.random.key(0), X)
+  np.testing.assert_array_equal(back.apply(variables, X),
+                                module.apply(variables, X))

@@ -486,3 +486,46 @@ def test_merge_refuses_a_viewed_copy_unlike_the_view_of_its_source(merge):
   assert_message_names(
       str(info.value), "Cannot merge the copies of /enc/embed/kernel",
       '(/head/kernel first)', 'does not invert')
+
+
+# ---------------------------------------------------------------------------
+# Views of partitioned parameters: applied to JAX arrays, names followed.
+# ---------------------------------------------------------------------------
+
+VIEWS = {
+    'scaled transpose': lambda e: jnp.transpose(e) * D ** -0.5,
+    'at set then transpose': lambda e: e.at[0].set(0).T,
+}
+
+
+class PartitionedHeadLM(nn.Module):
+  """An embedding and a head; ``view`` writes the head by hand from it."""
+
+  view: object = None
+
+  @nn.compact
+  def __call__(self, tokens):
+    embed = nn.Embed(11, D, embedding_init=nn.with_partitioning(
+        nn.initializers.normal(1.0), ('vocab', 'embed')), name='embed')
+    x = jnp.tanh(embed(tokens))
+    if self.view is not None:  # plain Flax: the head computed from the table
+      return x @ self.view(embed.embedding)
+    return nn.Dense(11, use_bias=False, kernel_init=nn.with_partitioning(
+        nn.initializers.normal(1.0), ('embed', 'vocab')), name='head')(x)
+
+
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('view', sorted(VIEWS))
+def test_a_view_of_a_partitioned_parameter_is_applied_to_jax_arrays(view):
+  ties = {'head/kernel': ('embed/embedding', VIEWS[view])}
+  tokens = jnp.array([[1, 2, 3]])
+  tied = nn.tie(PartitionedHeadLM, ties)()
+  y, variables = tied.init_with_output(jax.random.key(0), tokens)
+  by_hand = PartitionedHeadLM(VIEWS[view])
+  assert_close(y, by_hand.apply(variables, tokens))
+  assert_close(tied.apply(variables, tokens), by_hand.apply(variables, tokens))
+  untied = flax_tieext.untie_variables(variables, ties)
+  head = untied['params']['head']['kernel']
+  assert head.names == ('embed', 'vocab')  # the axes moved as a transpose
+  assert_close(head.unbox(), VIEWS[view](variables['params']['embed'][
+      'embedding'].unbox()))

@@ -318,6 +318,7 @@ def test_a_misspelled_tied_collection_at_apply_is_the_ties_error(col, said):
   assert f"ties collection {col!r}" in message
   assert "collections given: 'params'" in message
   assert said in message
+  assert 'To fix it: Fix' not in message  # (one option reads as one)
 
 
 @needs_patch
@@ -478,3 +479,78 @@ def test_tie_error_points_at_its_own_documentation():
   assert 'flax.readthedocs.io' not in message
   assert 'Scope machinery' in flax_tieext.TieError.__doc__ or (
       'source' in flax_tieext.TieError.__doc__)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: a TieError naming the argument, at the call (issue 52).
+# ---------------------------------------------------------------------------
+
+_TIED_TREE = {'params': {'a': {'w': jnp.ones(2)}}}
+_UNTIED_TREE = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}}}
+
+
+@pytest.mark.parametrize('call, argument', [
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'aa'}), '/aa'),
+    (lambda: flax_tieext.tie_variables(_TIED_TREE, {'c': 'aa'}), '/aa'),
+    (lambda: flax_tieext.tie_variables([1, 2], {'b': 'a'}), 'variables=[1, 2]'),
+    (lambda: flax_tieext.tie_variables(None, {'b': 'a'}), 'variables=None'),
+    (lambda: flax_tieext.untie_variables(None, {'b': 'a'}), 'variables=None'),
+    (lambda: flax_tieext.untie_variables({'params': 1}, {'b': 'a'}),
+     'variables='),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, None), 'ties'),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'},
+                                       stacks=['b']), "stacks=['b']"),
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},
+                                         stacks=['b']), "stacks=['b']"),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'},
+                                       collections=123), 'collections=123'),
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},
+                                         collections=[['params']]),
+     "collections=[['params']]"),
+    (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'}, merge='avg'),
+     "merge='avg'"),
+    (lambda: tie(Pair, {'b': 'a'}, collections=[['params']]),
+     "nn.tie(..., collections=[['params']])"),
+    (lambda: tie(Pair, {'b': 'a'}, collections=123),
+     'nn.tie(..., collections=123)'),
+    (lambda: flax_tieext.core.lift.tie(lambda s: s, {'b': 'a'},
+                                       collections=123),
+     'lift.tie(..., collections=123)'),
+])
+@needs_patch  # (nn.tie refuses to declare anything without the patch)
+def test_bad_input_is_a_tie_error_naming_the_argument(call, argument):
+  with pytest.raises(TieError) as e:
+    call()
+  assert argument in str(e.value), str(e.value)
+
+
+@needs_patch
+@pytest.mark.parametrize('ties, meant', [
+    ({'bb': 'a'}, '/b'),
+    ({'b/kernl': 'a/kernel'}, '/b/kernel'),
+    ({'bb/kernel': 'a/kernel'}, '/b/kernel'),
+])
+def test_misspelled_target_at_apply_names_the_tie_and_the_nearest(ties, meant):
+  variables = Pair().init(jax.random.key(0), X)
+  variables = {'params': {'a': variables['params']['a']}}  # b as tied
+  with pytest.raises(TieError) as e:
+    tie(Pair, ties)().apply(variables, X)
+  assert_message_names(str(e.value), f'Did you mean the target {meant}?',
+                       'the tie /' + next(iter(ties)))
+  assert_says_how_to_fix(str(e.value))
+
+
+@needs_patch
+def test_a_missing_parameter_beside_a_used_target_is_flax_s_own_error():
+  # b_1 ran (its name is taken): b_2's missing kernel is no misspelling.
+  class Three(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for name in ('b_0', 'b_1', 'b_2'):
+        x = nn.Dense(D, name=name)(x)
+      return x
+
+  variables = Three().init(jax.random.key(0), X)
+  del variables['params']['b_1'], variables['params']['b_2']
+  with pytest.raises(flax_errors.ScopeParamNotFoundError):
+    tie(Three, {'b_1': 'b_0'})().apply(variables, X)

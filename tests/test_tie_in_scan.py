@@ -466,3 +466,91 @@ def test_a_scan_inside_a_recorded_one_never_reads_the_outer_call():
     nn.tie(Encoder, ties, in_scan='scanned')().apply(variables, X)
   assert_message_names(str(info.value), '/outer/inner/attn',
                        "in_scan='scanned'", 'import flax_tieext')
+
+
+class TwoStacks(nn.Module):
+  """Two scanned stacks; ``shared`` calls one stack instance twice."""
+
+  shared: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(Layer, variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=N)
+    first = stack(name='s1')
+    x, _ = first(x, None)
+    x, _ = (first if self.shared else stack(name='s2'))(x, None)
+    return x
+
+
+@needs_patch
+@pytest.mark.parametrize('in_scan', [None, 'broadcast', 'scanned'])
+def test_a_stack_tied_whole_to_a_stack_is_one_shared_stack(in_scan):
+  # The tied stack holds its source's stacked variables: never stacked again.
+  tied = flax_tieext.linen.tie(TwoStacks, {'s2': 's1'}, in_scan=in_scan)()
+  y, variables = tied.init_with_output(jax.random.key(0), X)
+  shared = TwoStacks(shared=True)
+  ref_y, ref_variables = shared.init_with_output(jax.random.key(0), X)
+  assert_trees_equal(variables, ref_variables)
+  assert_trees_close(y, ref_y)
+  loss = lambda model: lambda v: jnp.sum(model.apply(v, X) ** 2)
+  assert_trees_close(tied.apply(variables, X), shared.apply(variables, X))
+  assert_trees_close(jax.grad(loss(tied))(variables),
+                     jax.grad(loss(shared))(variables))
+
+
+class ScalarLayer(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return x * self.param('s', nn.initializers.ones, ()), None
+
+
+def layer_then_stack(layer):
+  """One unstacked ``single`` layer, then a stack of ``N`` such layers."""
+
+  class Model(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x, _ = layer(name='single')(x, None)
+      stack = nn.scan(layer, variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=N)
+      return stack(name='layers')(x, None)[0]
+
+  return Model
+
+
+@needs_patch
+@pytest.mark.parametrize('layer, source', [
+    (Layer, "/single/attn/kernel has shape (4, 4)"),
+    (ScalarLayer, '/single/s has shape ()'),
+])
+def test_a_stack_tied_whole_to_one_layer_says_the_stored_shape(layer, source):
+  # The scan would slice the layer (a bare IndexError for a scalar).
+  with pytest.raises(TieError) as info:
+    flax_tieext.linen.tie(layer_then_stack(layer), {'layers': 'single'})(
+    ).init(jax.random.key(0), X)
+  assert_message_names(str(info.value), source, 'axis 0', f'{N} layers',
+                       "{'/layers/")
+
+
+class StackThenSource(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(Layer, variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=N)
+    x, _ = stack(name='layers')(x, None)
+    return nn.Dense(D, name='attn')(x)
+
+
+@needs_patch
+def test_a_stack_before_its_source_at_init_offers_no_wrong_path_fix():
+  with pytest.raises(TieError) as info:
+    flax_tieext.linen.tie(StackThenSource, {'layers/attn': 'attn'})().init(
+        jax.random.key(0), X)
+  message = str(info.value)
+  assert_message_names(message, 'Run the source /attn before the scan')
+  assert 'Fix the source path' not in message and 'none' not in message, (
+      message)
+  assert 'To fix it: Fix' not in message

@@ -256,6 +256,7 @@ def tie(
   """
   ties = dict(tie_spec.given(ties, 'lift.tie'))  # checked before any use
   in_scan = tie_spec.in_scan_given(in_scan, 'lift.tie')
+  tie_spec.collections_given(collections, 'lift.tie')
   # lift.tie of a lift.tie declares both at once, as their union.
   fn, stacked = getattr(fn, '_tie_declarations', (fn, ()))
 

@@ -112,7 +112,7 @@ def tie_variables(
   """
   if merge is not None and not callable(merge) and merge not in _MERGES:
     raise tie_errors.bad_merge(merge, _MERGES)
-  out = _unfreeze(variables)
+  out = _given(variables, ties, collections, 'tie_variables')
   # Every target is checked in the tree as given, then removed (a target may
   # lie inside the source of another).
   found = [(tie, col, tie_spec.walk(out[col], tie.target), expected, stack)
@@ -176,7 +176,7 @@ def untie_variables(
       gives a tied stack another count than its source's stack, or a view
       moves a partitioned axis in a way whose names cannot be followed.
   """
-  out = _unfreeze(variables)
+  out = _given(variables, ties, collections, 'untie_variables')
   # Outer targets first: a tied path inside a target's source is written
   # after the target, over what its source holds there.
   found = sorted(_viewed_sources(out, ties, collections, 'untie', stacks),
@@ -193,6 +193,18 @@ def untie_variables(
   return out
 
 
+def _given(variables, ties, collections, api: str):
+  """``variables`` unfrozen, the arguments of ``api`` checked."""
+  if not isinstance(variables, Mapping) or not all(
+      isinstance(v, Mapping) for v in variables.values()):
+    raise tie_errors.bad_argument(
+        api, 'variables', variables, "a variable dict, {collection: tree}"
+        " (e.g. {'params': {...}}), as init returns it")
+  tie_spec.given(ties, api)
+  tie_spec.collections_given(collections, api)
+  return _unfreeze(variables)
+
+
 def _viewed_sources(tree, ties, collections, verb, stacks):
   """Yields ``(tie, col, source seen through the view, stack)`` of each tie.
 
@@ -200,16 +212,22 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
   it but not the source, or None. Skips the collections in which neither
   path of the tie holds anything.
   """
-  stacks = _stack_paths(stacks)
-  for tie in tie_spec.normalize(ties, collections, ()):
+  stacks = _stack_paths(stacks, api=f'{verb}_variables')
+  normal = tie_spec.normalize(ties, collections, ())
+  for tie in normal:
     stack = next(((path, n) for path, n in (stacks or {}).items()
                   if len(tie.target) > len(path)
                   and tie_spec.is_within(tie.target, path)
                   and not tie_spec.is_within(tie.source, path)), None)
-    for col in [c for c in tree if tie.applies_to(c)]:
+    cols = [c for c in tree if tie.applies_to(c)]
+    for col in cols:
       source = tie_spec.walk(tree[col], tie.source)
       if source is None:
-        if tie_spec.walk(tree[col], tie.target) is None:
+        # Left alone where neither path is stored, unless no collection
+        # stores the source (a misspelled one) and no tie empties it.
+        if tie_spec.walk(tree[col], tie.target) is None and (any(
+            tie_spec.walk(tree[c], tie.source) is not None for c in cols
+        ) or any(tie_spec.is_within(t.target, tie.source) for t in normal)):
           continue
         raise tie_errors.convert_source_missing(
             verb, tie, col, tie_errors.nearest(tree[col], tie.source))
@@ -221,10 +239,15 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
       yield tie, col, tie_spec.apply_views(tie, source), stack
 
 
-def _stack_paths(stacks, sep: str = '/'):
+def _stack_paths(stacks, sep: str = '/', api: str = 'tie_variables'):
   """``stacks`` by path, checked (``sep='.'``: NNX's attribute paths)."""
   if stacks is None:
     return None
+  if not isinstance(stacks, Mapping) or not all(
+      isinstance(p, str) for p in stacks):
+    raise tie_errors.bad_argument(
+        api, 'stacks', stacks, "a mapping of each stack's path to its number"
+        " of layers, e.g. {'encoder/layers': 12}")
   out = {}
   for path, layers in stacks.items():
     parsed = tuple(p for p in path.strip(sep).split(sep) if p not in ('', '.'))

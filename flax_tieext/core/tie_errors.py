@@ -51,7 +51,7 @@ def tie_error(what: str, *options: str) -> TieError:
   """A TieError: what happened, then numbered options (only those that apply)."""
   options = [o for o in options if o]
   if len(options) == 1:
-    return TieError(f'{what}\n\nTo fix it: {options[0]}')
+    return TieError(f'{what}\n\nOption: {options[0]}')
   listed = ''.join(f'\n  {i}. {o}' for i, o in enumerate(options, 1))
   return TieError(f'{what}\n\nOptions:{listed}' if options else what)
 
@@ -114,6 +114,12 @@ def not_a_mapping(ties, api: str = 'lift.tie') -> TieError:
   return TieError(
       f'{api}(..., ties): ties must be a mapping from target path to source'
       f' path (or to (source path, view_fn)), got {kind} {ties!r}. {fix}')
+
+
+def bad_argument(api: str, name: str, value, expected: str) -> TieError:
+  """An argument of ``api`` of a kind it does not take."""
+  return TieError(f'{api}(..., {name}={value!r}): {name} must be {expected};'
+                  f' got {type(value).__name__} {value!r}.')
 
 
 def view_not_callable(api: str, target, spec) -> TieError:
@@ -323,13 +329,13 @@ def cannot_land(tie, col: str, where: str, transforms: Sequence[str],
       f' {tie.describe(col)} is used inside'
       f' {" and ".join(f"nn.{name}" for name in transforms)} at {where}, and'
       ' the source lies outside it, where it is a read-only (broadcast)'
-      ' value.' + near,
-      'Fix the source path.' if near else '',
-      'Declare the tie at the common ancestor of both paths, outside the'
-      f' {first}.' if declared_inside else '',
+      ' value.' + (near or ''),
       f'Write to the source outside the {first}.' if write else
       f'Run the source {text(tie.source)} before the {first}, so that it'
-      ' exists when the target reads it.')
+      ' exists when the target reads it.',
+      'Fix the source path.' if near else '',
+      'Declare the tie at the common ancestor of both paths, outside the'
+      f' {first}.' if declared_inside else '')
 
 
 def read_only(tie, col: str, where: str) -> TieError:
@@ -368,6 +374,20 @@ def unlike(tie, col: str, existing: str, value: str) -> TieError:
       f' {value}. Tied paths must hold variables of the same shape and dtype.',
       'Tie paths that hold variables of the same shape and dtype.',
       'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
+
+
+def stack_tied_to_layer(tie, col: str, source: Path, shape, axis: int,
+                        length) -> TieError:
+  """A stack tied whole to what is not a stack of its length."""
+  return tie_error(
+      f'The {tie.describe(col)} ties the stack {text(tie.target)} whole, to'
+      ' what is no stack of as many layers: the scan slices each of its'
+      f' variables along axis {axis} into its {length} layers, and the source'
+      f' {text(source)} has shape {shape}.',
+      "Tie what is inside the stack: a source outside it is read by every"
+      f" layer (e.g. {{'{text(tie.target + source[len(tie.source):][:1])}'"
+      f": '{text(source[:len(tie.source) + 1])}'}}).",
+      f'Tie the stack to a stack of {length} layers.')
 
 
 def view_loses_axis(tie, name: str, path) -> TieError:
@@ -446,6 +466,15 @@ def target_missing(tie, hint: str) -> TieError:
       'Initialize with a method that runs the target.')
 
 
+def target_misspelled(tie, used: Path, near: Path) -> TieError:
+  """At apply, a parameter is missing beside a tie's target: a misspelling."""
+  return tie_error(
+      f'{text(used)} is used and not stored, and no tie gives it: the'
+      f' {tie.describe()} targets {text(tie.target)}, which is near it. Did'
+      f' you mean the target {text(near)}?',
+      FIX_PATH.format('target'))
+
+
 def no_counterpart(tie, col: str, path: Path, hint: str) -> TieError:
   return tie_error(
       f'The target {text(tie.target + path)} of the {tie.describe(col)} has no'
@@ -521,7 +550,8 @@ def not_equal(tie, col: str, how: str) -> TieError:
 
 def bad_merge(merge, merges: Sequence[str]) -> TieError:
   return TieError(
-      f'merge must be None (refuse copies that differ), '
+      f'tie_variables(..., merge={merge!r}): merge must be None (refuse copies'
+      ' that differ), '
       f'{", ".join(map(repr, merges))} or a function (source, copies) ->'
       f' source; got {merge!r}.'
       + (did_you_mean(merge, merges) if isinstance(merge, str) else ''))

@@ -40,7 +40,7 @@ from flax.core import axes_scan, meta
 from flax.core.frozen_dict import freeze
 from flax.core.scope import group_collections
 from flax_tieext.core import tie_errors
-from flax_tieext.core.tie_spec import is_within, walk
+from flax_tieext.core.tie_spec import flatten, in_filter, is_within, unbox, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
     BROADCAST,
     CLOSE_OVER,
@@ -130,17 +130,17 @@ def _scanned_collections(tie, scope, call: ScanCall | None) -> list[str]:
   """The tied collections ``call`` scans over (stacked), grouped as ``pack``
   groups them; none where the source is read as a loop invariant.
 
-  ``in_scan='scanned'`` stacks every tied collection the scan scans (and
-  needs the call's record); ``'broadcast'`` none; the default (None) stacks
-  them where the call is recorded (a scan made by the plugin's
-  ``lift.scan``) and the target lies inside the scanned module, not the
-  scanned module itself (a stack tied whole to another stack is scanned like
-  its source already); else it reads the source as a loop invariant. Both
-  ways give the same values and gradients, and refuse a write inside the
-  scan alike.
+  A stack tied whole to another stack (the target is the scanned module)
+  holds its source's stacked collections, and is scanned like its source
+  already: none. Otherwise ``in_scan='scanned'`` stacks every tied
+  collection the scan scans (and needs the call's record); ``'broadcast'``
+  none; the default (None) stacks them where the call is recorded (a scan
+  made by the plugin's ``lift.scan``); else it reads the source as a loop
+  invariant. Both ways give the same values and gradients, and refuse a
+  write inside the scan alike.
   """
-  if tie.in_scan == 'broadcast' or (tie.in_scan is None and (
-      call is None or tie.target == scope.path)):
+  if tie.target == scope.path or tie.in_scan == 'broadcast' or (
+      tie.in_scan is None and call is None):
     return []
   if call is None:
     raise tie_errors.scan_not_recorded(tie, scope.path_text)
@@ -170,6 +170,8 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
     if crossing is not None and _carries_its_source(scope, ties, crossing):
       continue
     for tie, col in ties:
+      if tie.target == scope.path and call is not None:
+        _check_stack(tie, col, scope, call)
       if any(is_within(tie.source, s.path) for s in scopes):
         continue
       if crossing is None:
@@ -205,6 +207,19 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       else:
         extra.append(Lifted(source, source, False, None))
   return extra
+
+
+def _check_stack(tie, col: str, scope, call: ScanCall):
+  """A stack tied whole is scanned like its source: one of as many layers."""
+  length, _, _, axes, _ = call.stacking
+  axis = next((a for f, a in axes.items() if in_filter(f, col)), None)
+  source, _ = reach(scope, tie.source)
+  for path, leaf in flatten(source._collection(col) if source and axis is not
+                            None and length is not None else {}):
+    shape = jnp.shape(unbox(leaf))
+    if not -len(shape) <= axis < len(shape) or shape[axis] != length:
+      raise tie_errors.stack_tied_to_layer(tie, col, tie.source + path, shape,
+                                           axis, length)
 
 
 def _carries_its_source(scope, inside, crossing: TieSources) -> bool:

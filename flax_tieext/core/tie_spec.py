@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from flax.core import meta
@@ -193,6 +194,19 @@ def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
 # stack's length before the scan and scanned over like the stack's own. None
 # (the default) chooses at each scan call (``tie_lift.lifted_sources``).
 IN_SCAN = ('broadcast', 'scanned')
+
+
+def collections_given(collections: Any, api: str = 'lift.tie') -> Any:
+  """``collections`` as ``api`` takes it, checked: a Flax collection filter."""
+  from flax.core.scope import DenyList  # pylint: disable=g-import-not-at-top
+  f = collections.deny if isinstance(collections, DenyList) else collections
+  if not isinstance(f, (str, bool)) and not (
+      isinstance(f, Collection) and all(isinstance(c, str) for c in f)):
+    raise tie_errors.bad_argument(
+        api, 'collections', collections, "a collection filter: a name"
+        " ('params'), a list of names (['params', 'batch_stats']), True (all)"
+        " or nn.DenyList(filter)")
+  return collections
 
 
 def in_scan_given(in_scan: Any, api: str = 'lift.tie') -> str | None:
@@ -543,9 +557,13 @@ def unbox(x):
 def apply_view(tie: Tie, value, under=()):
   """``tie.view(value)``; on a partitioned box, the axis names follow the axes.
 
-  Raises a TieError, naming the variable (``under`` is its path below a module
-  tie's source), when the view moves a named axis in a way that cannot be
-  followed (e.g. a reshape), rather than keep names that no longer fit.
+  A named axis lands on the one output axis whose size follows its size
+  (``jax.eval_shape`` of the view with that axis made longer), or, for a
+  view that only takes the stored shape, where an index along it lands.
+  Raises a TieError, naming the variable (``under`` is its path below a
+  module tie's source), when the view moves a named axis in a way that
+  cannot be followed (e.g. a reshape), rather than keep names that no longer
+  fit.
   """
   if tie.view is None or not is_box(value):
     return value if tie.view is None else tie.view(value)
@@ -554,21 +572,41 @@ def apply_view(tie: Tie, value, under=()):
   if names is None or all(n is None for n in names):
     return value.replace_boxed(tie.view(array))
   shape = np.shape(array)
-  with jax.ensure_compile_time_eval():
-    out = [None] * np.ndim(jax.eval_shape(tie.view, array))
-    for axis, name in enumerate(names):
-      if name is None:
-        continue
-      probe = np.arange(shape[axis]).reshape(
-          [-1 if i == axis else 1 for i in range(len(shape))])
-      moved = np.asarray(tie.view(np.broadcast_to(probe, shape)))
-      hits = [i for i in range(moved.ndim) if moved.shape[i] == shape[axis]
-              and np.array_equal(moved, np.broadcast_to(np.arange(
-                  shape[axis]).reshape([-1 if j == i else 1
-                                        for j in range(moved.ndim)]),
-                  moved.shape))]
-      if len(hits) != 1 or out[hits[0]] is not None:
+  seen = jax.eval_shape(tie.view, array).shape
+  out = [None] * len(seen)
+  for axis, name in enumerate(names):
+    if name is not None:
+      at = _lands(tie.view, array, axis, seen)
+      if at is None or out[at] is not None:
         raise tie_errors.view_loses_axis(tie, name, tie.source + tuple(under))
-      out[hits[0]] = name
+      out[at] = name
   return dataclasses.replace(value, value=tie.view(array), names=tuple(out))
 
+
+def _lands(view, array, axis: int, seen) -> int | None:
+  """The output axis of ``view`` that ``axis`` of ``array`` becomes, or None."""
+  shape = np.shape(array)
+  size = max((*shape, *seen)) + 1
+  try:
+    longer = jax.eval_shape(view, jax.ShapeDtypeStruct(
+        shape[:axis] + (size,) + shape[axis + 1:], array.dtype)).shape
+  except Exception:  # pylint: disable=broad-except
+    return _probed(view, shape, axis)  # a view of the stored shape only
+  hits = [i for i, (a, b) in enumerate(zip(seen, longer)) if a != b]
+  if len(longer) == len(seen) and len(hits) == 1 and (
+      longer[hits[0]] == size and seen[hits[0]] == shape[axis]):
+    return hits[0]
+  return None
+
+
+def _probed(view, shape, axis: int) -> int | None:
+  """Where an index along ``axis`` lands, the view applied to JAX arrays."""
+  def index(at, ndim):
+    return jnp.arange(shape[axis]).reshape(
+        [-1 if i == at else 1 for i in range(ndim)])
+  with jax.ensure_compile_time_eval():
+    moved = view(jnp.broadcast_to(index(axis, len(shape)), shape))
+    hits = [i for i in range(moved.ndim) if moved.shape[i] == shape[axis]
+            and bool(jnp.array_equal(moved, jnp.broadcast_to(
+                index(i, moved.ndim), moved.shape)))]
+  return hits[0] if len(hits) == 1 else None

@@ -588,11 +588,11 @@ def refused(scope, tie: Tie, col: str, why: Refused, *, write: bool = False,
   if why == Refused.INSIDE:
     return tie_errors.declared_inside(
         tie, col, where, declared_inside(tie, col, crossed).name)
-  if why == Refused.CANNOT_LAND:
+  if why == Refused.CANNOT_LAND:  # (nothing stored yet: the path may be right)
+    tree = None if write else stored(scope, (), col)
     return tie_errors.cannot_land(
         tie, col, where, [lift.name for lift in crossed], write,
-        '' if write else tie_errors.nearest(stored(scope, (), col) or {},
-                                            tie.source),
+        tree and tie_errors.nearest(tree, tie.source),
         is_within(tie.declared_at, scope.root.path))
   if why == Refused.READ_ONLY:
     return tie_errors.read_only(tie, col, where)
@@ -650,7 +650,7 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
            route(scope, tie, col, write=write,
                  found=bool(node) or tie.target in form.below,
                  given=_given(scope, col), crossed=crossed))
-    if how == COPY and col != 'params' and not write:
+    if how == COPY and not node and col != 'params' and not write:
       return _untied(scope, col, write)  # nothing of its own yet
   if isinstance(how, Refused):
     raise refused(scope, tie, col, how, write=write, crossed=crossed)
@@ -982,16 +982,17 @@ def check_param(scope, name: str, value, abs_value):
 
 
 def refuse_unknown_collection(scope, name: str):
-  """``Scope.param`` found no ``name``: a tie naming a collection nothing has.
+  """``Scope.param`` found no ``name``: the tie that should have given it.
 
   Raises the TieError that names it, where a tie covering the parameter names
-  only collections that no scope has (the tie that should have given the
-  parameter names another collection; Flax's error would not say why the
+  only collections that no scope has, or a ``params`` tie's target is a
+  misspelling of the parameter's path (Flax's error would not say why the
   parameter is missing).
   """
   path = scope.path + (name,)
   given = visible_collections(scope)
-  for tie in scope.flags[TIES_FLAG].declared:
+  declared = scope.flags[TIES_FLAG].declared
+  for tie in declared:
     names = named_collections(tie.collections)
     if not is_within(path, tie.target) or any(c in given for c in names):
       continue
@@ -999,6 +1000,15 @@ def refuse_unknown_collection(scope, name: str):
       if not scope.is_mutable_collection(col):
         raise tie_errors.collection_unknown(
             tie, col, given, held_elsewhere(scope, tie.target, col))
+  for tie in declared:
+    near, common = path[:len(tie.target)], scope
+    while common is not None and not is_within(tie.target, common.path):
+      common = common.parent
+    if common is not None and len(tie.target) > len(common.path) and (
+        tie.target[len(common.path)] not in common.reservations  # never made
+    ) and tie.applies_to('params') and near != tie.target and (
+        tie_errors.did_you_mean('/'.join(tie.target), ['/'.join(near)])):
+      raise tie_errors.target_misspelled(tie, path, near)
 
 
 def _alike(a, b) -> bool:

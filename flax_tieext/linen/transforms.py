@@ -21,6 +21,7 @@ functional-core transforms in ``flax_tieext.core.lift`` via
 """
 
 # pylint: disable=g-importing-member,unused-import
+import copyreg
 import functools
 import inspect
 import weakref
@@ -450,7 +451,8 @@ def tie(
         ' ties name, e.g. nn.tie(Encoder, {"block_1": "block_0"}).')
   partial_object = target if isinstance(target, functools.partial) else None
   module_class = partial_object.func if partial_object else target
-  tied = _tied_class(module_class, tie_spec.given(ties, 'nn.tie'), collections,
+  tied = _tied_class(module_class, tie_spec.given(ties, 'nn.tie'),
+                     tie_spec.collections_given(collections, 'nn.tie'),
                      tie_spec.in_scan_given(in_scan, 'nn.tie'))
   if partial_object is not None:
     return functools.partial(tied, *partial_object.args,
@@ -534,6 +536,15 @@ def _tied_class(module_class, items, collections, in_scan):
     return super(tied, self).init_with_output(
         rngs, *args, method=checked_method, **kwargs)
 
+  def __reduce_ex__(self, protocol):
+    # The class has module_class's name, under which pickle finds
+    # module_class: pickle the instance as the ties that make its class.
+    reduced = tied._tie_root.__reduce_ex__(self, protocol)
+    if isinstance(reduced, tuple) and reduced[0] is copyreg.__newobj__:
+      return (_new_tied, (tied._tie_root, tied._tie_declarations),
+              *reduced[2:])
+    return reduced
+
   # Every method of the class checks the ties when an init call of it
   # returns; setup and Module's own API do not.
   methods = {
@@ -550,6 +561,8 @@ def _tied_class(module_class, items, collections, in_scan):
       **methods, '__post_init__': __post_init__,
       '_register_submodules': _register_submodules,
       'init_with_output': init_with_output,
+      '__reduce_ex__': __reduce_ex__,
+      '_tie_root': getattr(module_class, '_tie_root', module_class),
       '__module__': module_class.__module__,
       '__qualname__': module_class.__qualname__,
       '_tie_declarations': (*getattr(module_class, '_tie_declarations', ()),
@@ -558,3 +571,12 @@ def _tied_class(module_class, items, collections, in_scan):
   if key is not None:
     _TIED_CLASSES[key] = tied
   return tied
+
+
+def _new_tied(root, declarations):
+  """An empty instance of ``root`` tied by ``declarations`` (for pickle)."""
+  from flax_tieext import linen  # pylint: disable=g-import-not-at-top
+  cls = root
+  for ties, collections, in_scan in declarations:
+    cls = linen.tie(cls, ties, collections, in_scan)
+  return cls.__new__(cls)

@@ -816,7 +816,8 @@ def untie_state(state: nnx.State, ties,
   records = _records(ties, api='flax_tieext.nnx.untie_state')
   flat = _flat(state)
   tree = _tree(flat)
-  stacks = tie_convert._stack_paths(stacks, sep='.')  # pylint: disable=protected-access
+  stacks = tie_convert._stack_paths(  # pylint: disable=protected-access
+      stacks, sep='.', api='flax_tieext.nnx.untie_state')
   for record in records:
     if record.source not in flat:
       raise tie_errors.convert_source_missing(
