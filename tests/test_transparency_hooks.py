@@ -28,11 +28,6 @@ the heavier grid of nested transforms is ``end_to_end``.
 import contextvars
 import gc
 import inspect
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -43,17 +38,7 @@ from flax.core import scope as core_scope
 
 from flax_tieext.core import tie_lift
 from flax_tieext.core import ties
-
-
-def run_python(code: str, mode: str) -> dict:
-  """Runs ``code`` in a fresh interpreter, plain or patched; its JSON output."""
-  prelude = 'import flax_tieext\n' if mode == 'patched' else ''
-  env = dict(os.environ, FLAX_TIEEXT_AUTOPATCH='1', JAX_PLATFORMS='cpu')
-  done = subprocess.run(
-      [sys.executable, '-c', prelude + textwrap.dedent(code)],
-      capture_output=True, text=True, env=env, check=False, timeout=900)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+from test_transparency import run_python  # pylint: disable=g-bad-import-order
 
 
 PROBE = r'''
