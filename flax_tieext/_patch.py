@@ -210,6 +210,22 @@ def _machinery_bindings() -> list[_Binding]:
 # method and makes them around it when the scope holds ties.
 
 
+def _calling_with(var, record, fn, /, *args, **kwargs):
+  """``fn(*args, **kwargs)`` with ``var`` holding ``[record]`` for the call.
+
+  The cell is emptied when the call returns: a context copied during the call
+  (``contextvars.copy_context``, an asyncio task) keeps an empty list, never
+  the record or what it holds.
+  """
+  cell = [record]
+  token = var.set(cell)
+  try:
+    return fn(*args, **kwargs)
+  finally:
+    cell.clear()
+    var.reset(token)
+
+
 def _pack(pack):
   """``lift.pack``: a transform that reuses its trace has a site.
 
@@ -232,13 +248,7 @@ def _pack(pack):
 
     @functools.wraps(packed)
     def sited(scope_tree, *args, **kwargs):  # as Flax's wrapper
-      cell = [site]
-      token = ties.PACK_SITE.set(cell)
-      try:
-        return packed(scope_tree, *args, **kwargs)
-      finally:
-        cell.clear()
-        ties.PACK_SITE.reset(token)
+      return _calling_with(ties.PACK_SITE, site, packed, scope_tree, *args, **kwargs)
     sited.__wrapped__ = packed.__wrapped__  # Flax's: fn
     return sited
   return sited_pack
@@ -302,14 +312,8 @@ def _scan(scan):
 
     @functools.wraps(scan_fn)
     def recording_scan_fn(scope_tree, *args, **kwargs):  # as Flax's wrapper
-      cell = [tie_lift.ScanCall(scope_tree, scan, scan_args, scan_kwargs,
-                                args[1:])]
-      token = tie_lift.SCAN_CALL.set(cell)
-      try:
-        return scan_fn(scope_tree, *args, **kwargs)
-      finally:
-        cell.clear()
-        tie_lift.SCAN_CALL.reset(token)
+      call = tie_lift.ScanCall(scope_tree, scan, scan_args, scan_kwargs, args[1:])
+      return _calling_with(tie_lift.SCAN_CALL, call, scan_fn, scope_tree, *args, **kwargs)
     recording_scan_fn.__wrapped__ = scan_fn.__wrapped__  # Flax's: its inner
     return recording_scan_fn
   return _taking_parameters_of(scan, recording_scan)
