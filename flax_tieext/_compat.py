@@ -155,12 +155,15 @@ def nnx_remat(
 
   unstatic = merged(((), ()))  # without static arguments: made once
   signature = _static_args.call_signature(f)
+  # A str default stays untraced where arguments are made static; without,
+  # it is traced and refused, as on the release's own nnx.remat.
+  omit_str = statics.static_argnums != () or statics.static_argnames != ()
 
   @functools.wraps(f)
   def wrapper(*args, **kwargs):
     return statics.apply(
         lambda static, args, kwargs: (
             merged(static) if any(static) else unstatic)(args, kwargs),
-        *_static_args.bind_call(signature, args, kwargs))
+        *_static_args.bind_call(signature, args, kwargs, omit_str))
 
   return wrapper

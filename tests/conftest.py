@@ -63,6 +63,17 @@ if os.environ.get('TIEEXT_TEST_XLA_OPT', '0') != 'default':
   os.environ['XLA_FLAGS'] = ' '.join(filter(None, (
       os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0')))
 
+# JAX's persistent compilation cache (nox sets JAX_COMPILATION_CACHE_DIR): one
+# folder per xdist worker. Two workers compiling one program at once race on
+# its entry, one reading it while the other writes it; JAX 0.4.35 then
+# crashed the reading worker (a segmentation fault in
+# compilation_cache.get_executable_and_time, Flax 0.8.5's session) where
+# newer JAX warns. Set before JAX is imported; interpreters a test starts
+# inherit the worker's folder.
+if os.environ.get('JAX_COMPILATION_CACHE_DIR') and os.environ.get('PYTEST_XDIST_WORKER'):
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(
+      os.environ['JAX_COMPILATION_CACHE_DIR'], os.environ['PYTEST_XDIST_WORKER'])
+
 OPTED_OUT = 'opted-out'
 
 

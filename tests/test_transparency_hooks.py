@@ -29,6 +29,7 @@ import contextvars
 import gc
 import inspect
 
+import flax
 import jax
 import jax.numpy as jnp
 import pytest
@@ -49,8 +50,11 @@ import flax, flax.core
 from flax.core import lift, scope as core_scope, init, apply
 from flax.core import nn as core_nn
 import flax.linen as nn
-from flax import nnx
-out = {}
+try:
+  from flax import nnx
+except ImportError:  # Flax 0.10.7 with its pinned JAX 0.8.1
+  nnx = None
+out = {'nnx': nnx is not None}
 
 def clean(s):
   return re.sub(r'0x[0-9a-f]+', '0x', str(s)).splitlines()[0][:300] if str(s) else ''
@@ -145,7 +149,8 @@ def sig(f):
   try:
     s = inspect.signature(f)
     own = inspect.signature(f, follow_wrapped=False)
-    return [str(s), [(p.name, str(p.kind), repr(p.default)) for p in own.parameters.values()], getattr(f, '__qualname__', None)]
+    addr = lambda t: re.sub(r'0x[0-9a-f]+', '0x', t)  # a default's repr: its address
+    return [addr(str(s)), [(p.name, str(p.kind), addr(repr(p.default))) for p in own.parameters.values()], getattr(f, '__qualname__', None)]
   except Exception as e:
     return repr(type(e))
 F = lambda sc, c, y: (c, y)
@@ -228,22 +233,23 @@ for tname, t in {'remat': nn.remat, 'jit': nn.jit, 'vmap': lambda c: nn.vmap(c, 
   for aname, a in ARGS.items():
     out[f'err/linen/{tname}/{aname}'] = outcome(lambda: t(BadL)().init(jax.random.key(0), X, a))
 
-# NNX scan errors
-class Lin(nnx.Module):
-  def __init__(self):
-    self.w = nnx.Param(jnp.ones((3, 3)))
-def nbody(m, c, x, e):
-  raise ValueError('expected 3 features')
-def cyc_model():
-  m = Lin(); m.child = Lin(); m.child.parent = m; return m
-XS = jnp.ones((2, 3))
-for aname, a in {**ARGS, 'cyclic': None}.items():
-  m = cyc_model() if aname == 'cyclic' else Lin()
-  out[f'err/nnx.scan/{aname}'] = outcome(lambda: nnx.scan(nbody, in_axes=(None, nnx.Carry, 0, None))(m, X[0], XS, a))
-out['err/nnx.scan/tracer'] = outcome(lambda: jax.jit(lambda a: nnx.scan(nbody, in_axes=(None, nnx.Carry, 0, None))(Lin(), X[0], XS, a))(jnp.ones(3)))
-out['err/nnx.scan/length mismatch numpy'] = outcome(lambda: nnx.scan(lambda c, x, y: (c, x), in_axes=(nnx.Carry, 0, 0))(X[0], np.ones((2, 3)), np.ones((4, 3))))
-def okbody(m, c, x): return c, x
-out['err/nnx.scan/after cyclic'] = outcome(lambda: nnx.scan(okbody, in_axes=(None, nnx.Carry, 0))(Lin(), X[0], XS)[1].shape)
+if nnx is not None:
+  # NNX scan errors
+  class Lin(nnx.Module):
+    def __init__(self):
+      self.w = nnx.Param(jnp.ones((3, 3)))
+  def nbody(m, c, x, e):
+    raise ValueError('expected 3 features')
+  def cyc_model():
+    m = Lin(); m.child = Lin(); m.child.parent = m; return m
+  XS = jnp.ones((2, 3))
+  for aname, a in {**ARGS, 'cyclic': None}.items():
+    m = cyc_model() if aname == 'cyclic' else Lin()
+    out[f'err/nnx.scan/{aname}'] = outcome(lambda: nnx.scan(nbody, in_axes=(None, nnx.Carry, 0, None))(m, X[0], XS, a))
+  out['err/nnx.scan/tracer'] = outcome(lambda: jax.jit(lambda a: nnx.scan(nbody, in_axes=(None, nnx.Carry, 0, None))(Lin(), X[0], XS, a))(jnp.ones(3)))
+  out['err/nnx.scan/length mismatch numpy'] = outcome(lambda: nnx.scan(lambda c, x, y: (c, x), in_axes=(nnx.Carry, 0, 0))(X[0], np.ones((2, 3)), np.ones((4, 3))))
+  def okbody(m, c, x): return c, x
+  out['err/nnx.scan/after cyclic'] = outcome(lambda: nnx.scan(okbody, in_axes=(None, nnx.Carry, 0))(Lin(), X[0], XS)[1].shape)
 def act(x, a='tanh'):
   return jnp.tanh(x) if a == 'tanh' else x
 out['err/nnx.remat str default'] = outcome(lambda: nnx.remat(act)(X))
@@ -281,6 +287,8 @@ def differing(probed, prefix):
     'err/nnx.remat',
 ])
 def test_a_plain_program_runs_as_on_plain_flax(probed, prefix):
+  if prefix.startswith('err/nnx') and not probed[0]['nnx']:
+    pytest.skip(f'Flax {flax.__version__}: flax.nnx does not import with its pinned JAX')
   assert not differing(probed, prefix)
 
 
