@@ -59,7 +59,8 @@ except ImportError:  # Flax 0.8: no shared sentinel
 # once it is loaded, before the patch replaces anything (_patch binds
 # nnx.remat right after flax.nnx is imported).
 NNX = 'flax.nnx'
-_NNX_FACTS = ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES')
+_NNX_FACTS = ('NNX_REMAT', 'NNX_REMAT_ALIASES', 'NNX_REMAT_MODES',
+              'NNX_REMAT_BINDS_DEFAULTS')
 _nnx_facts: dict[str, Any] = {}
 
 
@@ -91,12 +92,20 @@ def nnx_facts() -> dict[str, Any]:
       # them, nnx_remat below.
       'NNX_REMAT_MODES': remat is not None and 'graph_updates' in (
           inspect.signature(remat).parameters),
+      # Whether the function it returns binds a call's defaults and traces
+      # them (0.9 on: resolve_kwargs, keywords taken), so a str default is a
+      # TypeError; Flax 0.8's takes positional arguments only and leaves
+      # defaults to Python.
+      'NNX_REMAT_BINDS_DEFAULTS': remat is not None and any(
+          p.kind is p.VAR_KEYWORD for p in inspect.signature(
+              remat(lambda x: x), follow_wrapped=False).parameters.values()),
   })
   return _nnx_facts
 
 
 def __getattr__(name: str) -> Any:
-  """``NNX_REMAT``, ``NNX_REMAT_ALIASES``, ``NNX_REMAT_MODES``: imports flax.nnx."""
+  """``NNX_REMAT``, ``NNX_REMAT_ALIASES``, ``NNX_REMAT_MODES``,
+  ``NNX_REMAT_BINDS_DEFAULTS``: imports flax.nnx."""
   if name not in _NNX_FACTS:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
   # Some releases import flax.nnx with a DeprecationWarning of their own
@@ -155,9 +164,11 @@ def nnx_remat(
 
   unstatic = merged(((), ()))  # without static arguments: made once
   signature = _static_args.call_signature(f)
-  # A str default stays untraced where arguments are made static; without,
-  # it is traced and refused, as on the release's own nnx.remat.
-  omit_str = statics.static_argnums != () or statics.static_argnames != ()
+  # A str default stays untraced where arguments are made static or the
+  # release's own nnx.remat leaves defaults to Python; else it is traced and
+  # refused, as the release refuses it.
+  omit_str = (statics.static_argnums != () or statics.static_argnames != ()
+              or not nnx_facts()['NNX_REMAT_BINDS_DEFAULTS'])
 
   @functools.wraps(f)
   def wrapper(*args, **kwargs):
