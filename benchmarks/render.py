@@ -511,7 +511,7 @@ def grid(data: dict) -> list[str]:
         if l not in low or 'step_ratio' not in low[l]:
           return '–'
         _, q1, q3 = low[l]['round_ratio_median_iqr']
-        return f'{low[l]["step_ratio"]:.3f} ({q1:.3f}–{q3:.3f})'
+        return f'{low[l]["step_ratio"]:.3f} ({q1:.3f} to {q3:.3f})'
 
       default = low.get('default', {})
       same = default.get('same_program_as')
