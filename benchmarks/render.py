@@ -507,11 +507,11 @@ def grid(data: dict) -> list[str]:
       low = cell['lowerings']
       untied = low['untied']
 
-      def step(l, low=low):
+      def step(l, low=low, iqr=True):
         if l not in low or 'step_ratio' not in low[l]:
           return '–'
         _, q1, q3 = low[l]['round_ratio_median_iqr']
-        return f'{low[l]["step_ratio"]:.3f} ({q1:.3f} to {q3:.3f})'
+        return f'{low[l]["step_ratio"]:.3f}' + (f' ({q1:.3f} to {q3:.3f})' if iqr else '')
 
       default = low.get('default', {})
       same = default.get('same_program_as')
@@ -527,16 +527,19 @@ def grid(data: dict) -> list[str]:
       table.append((
           f'`{cell["layout"]}`: {cell["describe"]}',
           f'**{step("default")}**' + (f' = {same}' if same else ''),
-          *(step(l) for l, _ in GRID_LOWERINGS if stack == 'scan'),
+          *((' / '.join(step(l, iqr=False) for l, _ in GRID_LOWERINGS),)
+            if stack == 'scan' else ()),
           peak, temps,
-          _ratio_cell(mine.get('temp_bytes'), untied['temp_bytes'])
-          + ('' if default else f'{NBSP}(s)'),
-          _ratio_cell(mine.get('argument_bytes'), untied['argument_bytes']),
-          _ratio_cell(mine.get('flops'), untied['flops'])))
+          ' / '.join((
+              _ratio_cell(mine.get('temp_bytes'), untied['temp_bytes'])
+              + ('' if default else f'{NBSP}(s)'),
+              _ratio_cell(mine.get('argument_bytes'), untied['argument_bytes']),
+              _ratio_cell(mine.get('flops'), untied['flops'])))))
     header = ('layout', 'default: step (IQR)',
-              *(name for _, name in GRID_LOWERINGS if stack == 'scan'),
+              *((' / '.join(name for _, name in GRID_LOWERINGS) + ': step',)
+                if stack == 'scan' else ()),
               'peak', 'temp MiB: untied / broadcast / scanned'
-              if stack == 'scan' else 'temp MiB: untied', 'temp', 'args', 'FLOPs')
+              if stack == 'scan' else 'temp MiB: untied', 'temp / args / FLOPs')
     lines += _table(header, table) + ['']
   return lines + SCAN_HLO_FINDING + ['']
 
