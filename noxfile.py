@@ -509,7 +509,12 @@ def bench(session):
 # all.
 MIDDLE_RELEASE_TESTS = ('upstream', 'test_patch', 'test_transparency', 'test_testing_autopatch',
                         'test_static_argnames_compat', 'test_nnx', 'test_tie_lifting',
+                        'test_generated_tied_programs',  # the generator's default draw
                         'test_docs_paste')  # where PASTED_ON, the REPL of each Python
+# The generator's deeper draw (tests/test_tie_generated.py, end_to_end) runs
+# on the newest release only in `nox -s ci`; every release runs its default
+# draw, and tools/generated_ties.py runs thousands on any release.
+NEWEST_ONLY_IN_CI = ('test_differential', 'test_more_generated')
 
 
 @nox.session(python=False)
@@ -535,8 +540,7 @@ def ci(session):
       # --end-to-end (fresh interpreters, generated programs, the nesting
       # grid), less those CI runs on the newest release only.
       posargs = ['-k', 'opted-out or end_to_end' if readme_release == NEWEST else
-                 'opted-out or (end_to_end and not (test_differential or'
-                 ' test_flip_reproducers))']
+                 'opted-out or (end_to_end and not (%s))' % ' or '.join(NEWEST_ONLY_IN_CI)]
     elif name in inner:
       posargs = ['-k', f'(not opted-out or installs_patch) and ({middle})']
     elif name == f'matrix({NEWEST})':
@@ -544,8 +548,9 @@ def ci(session):
       # leaves out when the registry serves these pins (UNLESS_PINNED).
       posargs = [XLA_DEFAULTS, '-k', 'not opted-out or installs_patch']
     elif name == f'matrix({RELEASES[0]})':
-      # The differential harness runs on the newest release only.
-      posargs = ['-k', '(not opted-out or installs_patch) and not test_differential']
+      # The differential harness and the deep generator: newest release only.
+      posargs = ['-k', '(not opted-out or installs_patch) and not (%s)'
+                 % ' or '.join(NEWEST_ONLY_IN_CI)]
     elif name.startswith('matrix('):
       posargs = ['-k', 'not opted-out or installs_patch']
     elif name == 'newest' and readme_release != NEWEST:
