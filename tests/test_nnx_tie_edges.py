@@ -299,3 +299,19 @@ def test_a_view_that_cannot_be_hashed_is_one_view():
   np.testing.assert_allclose(grads.embed.embedding[...],
                              nnx.grad(loss, graph=False)(reference)
                              .embed.embedding[...], rtol=1e-6)
+
+
+def test_a_tie_of_what_is_not_an_nnx_module_class_names_the_argument():
+  """It named neither the argument nor what was given; it is a TypeError too."""
+  class One(nnx.Module):
+
+    def __init__(self):
+      self.w = nnx.Param(jnp.ones(2))
+
+  for given, got in [(One(), 'an instance of One: pass its class, One'),
+                     (len, 'builtin_function_or_method'), (3, 'int 3')]:
+    with pytest.raises(TieError, match=r'flax_tieext\.nnx\.tie\(module_class,'
+                       r' ties\): module_class must be an nnx\.Module class.*'
+                       + got) as info:
+      tie(given, {'w': 'v'})
+    assert isinstance(info.value, TypeError)

@@ -273,6 +273,30 @@ def test_nn_tie_takes_a_module_class_and_no_methods():
     nn.tie(Pair, {'b': 'a'}, methods=['__call__'])  # pylint: disable=unexpected-keyword-arg
 
 
+def _a_function(x):
+  return x
+
+
+@installs_patch
+@pytest.mark.parametrize('given, got', [
+    (_a_function, r'got function <function _a_function'),
+    (Pair(), r'got an instance of Pair: pass its class, Pair'),
+    (3, r'got int 3'),
+], ids=['function', 'instance', 'int'])
+def test_a_tie_of_what_is_not_tieable_is_a_tie_error_naming_the_argument(
+    given, got):
+  """It was a bare TypeError (nn.tie), or an error at the first call (lift)."""
+  with pytest.raises(TieError, match=r'nn\.tie\(target, ties\): target must be'
+                     r' a Module class.*' + got + r'.*nn\.tie\(Encoder') as info:
+    nn.tie(given, {'b': 'a'})
+  assert isinstance(info.value, TypeError)  # `except TypeError` still works
+  for fn in (3, Pair, None):
+    with pytest.raises(TieError, match=r'lift\.tie\(fn, ties\): fn must be a scope'
+                       r' function.*for a Linen Module class: nn\.tie') as info:
+      flax_tieext.core.lift.tie(fn, {'b': 'a'})
+    assert isinstance(info.value, TypeError)
+
+
 # ---------------------------------------------------------------------------
 # The tied collections at apply.
 # ---------------------------------------------------------------------------

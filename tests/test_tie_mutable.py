@@ -140,3 +140,83 @@ def test_shared_batchnorm_matches_one_module_called_three_times(wrap):
   # The running statistics moved three times from their initial value.
   assert not np.allclose(stats['block_0']['bn']['mean'],
                          variables['batch_stats']['block_0']['bn']['mean'])
+
+
+# ---------------------------------------------------------------------------
+# A counter written at init, its source across a lifted transform (issue 52,
+# found and left open: the strict xfails below say what fails today).
+# ---------------------------------------------------------------------------
+
+
+class InitCounter(nn.Module):
+  """Counts its calls in ``counts``, while initializing too."""
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.variable('counts', 'n', lambda: 0)
+    c.value += 1
+    return x * 2.0
+
+
+class CounterBlock(nn.Module):
+  shared: nn.Module | None = None  # the reference: one instance passed in
+  inner_tie: bool = False  # the tie declared inside the block, to /a/c
+
+  @nn.compact
+  def __call__(self, x):
+    if self.shared is not None:
+      return self.shared(x)
+    if self.inner_tie:
+      return flax_tieext.linen.tie(InitCounter, {'.': '/a/c'},
+                                   collections='counts')(name='c')(x)
+    return InitCounter(name='c')(x)
+
+
+def _counts_against_one_shared_instance(ties, source_wrap, target_wrap):
+  wraps = {'none': lambda m: m, 'remat': nn.remat, 'jit': nn.jit}
+
+  class Root(nn.Module):
+    reference: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+      shared = InitCounter(name='c') if self.reference else None
+      x = wraps[source_wrap](CounterBlock)(shared, name='a')(x)
+      return wraps[target_wrap](CounterBlock)(
+          shared, ties is None, name='b')(x)
+
+  tied = Root() if ties is None else flax_tieext.linen.tie(
+      Root, ties, collections='counts')()
+  x = jnp.ones(2)
+  _, variables = tied.init_with_output(jax.random.key(0), x)
+  _, ref = Root(True).init_with_output(jax.random.key(0), x)
+  assert int(variables['counts']['a']['c']['n']) == int(ref['counts']['c']['n'])
+  _, variables = tied.apply(variables, x, mutable='counts')
+  _, ref = Root(True).apply(ref, x, mutable='counts')
+  assert int(variables['counts']['a']['c']['n']) == int(ref['counts']['c']['n'])
+
+
+@pytest.mark.parametrize('source_wrap', ['none', 'remat', 'jit'])
+@pytest.mark.parametrize('target_wrap', ['none', 'remat', 'jit'])
+def test_a_counter_tied_at_the_root_counts_both_uses(source_wrap, target_wrap):
+  _counts_against_one_shared_instance({'b/c': 'a/c'}, source_wrap,
+                                      target_wrap)
+
+
+@pytest.mark.xfail(strict=True, raises=flax_tieext.TieError, reason=(
+    "open (issue 52): the target's copy holds the Python int its init wrote,"
+    " checked as int64 against the source's int32 (a JAX array once it"
+    ' crossed nn.remat): a false "Shape or dtype mismatch"'))
+def test_a_counter_tied_as_one_variable_its_source_rematted_counts_both_uses():
+  _counts_against_one_shared_instance({'b/c/n': 'a/c/n'}, 'remat', 'none')
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    'open (issue 52): a tie declared inside the target, which runs in'
+    ' nn.remat / nn.jit, its source outside: init silently loses the'
+    " target's write (count 1, one shared instance 2), and apply refuses it"
+    ' ("cannot land": the source is a closed-over value inside the'
+    ' transform)'))
+@pytest.mark.parametrize('target_wrap', ['remat', 'jit'])
+def test_a_counter_tied_inside_a_lifted_target_counts_both_uses(target_wrap):
+  _counts_against_one_shared_instance(None, 'none', target_wrap)

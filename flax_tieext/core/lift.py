@@ -31,6 +31,7 @@ from flax.core.scope import CollectionFilter
 from flax.core.scope import PRNGSequenceFilter
 from flax.core.scope import Scope
 from flax_tieext.core import _static_args
+from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member
@@ -254,6 +255,10 @@ def tie(
       target or source that does not exist (naming the nearest existing
       names) or a target that does not match its source.
   """
+  if not callable(fn) or isinstance(fn, type):
+    raise tie_errors.not_tieable(
+        'lift.tie', 'fn', fn, 'a scope function, fn(scope, *args) (for a'
+        ' Linen Module class: nn.tie)', "lift.tie(two_layers, {'b': 'a'})")
   ties = dict(tie_spec.given(ties, 'lift.tie'))  # checked before any use
   in_scan = tie_spec.in_scan_given(in_scan, 'lift.tie')
   tie_spec.collections_given(collections, 'lift.tie')

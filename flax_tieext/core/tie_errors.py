@@ -116,6 +116,23 @@ def not_a_mapping(ties, api: str = 'lift.tie') -> TieError:
       f' path (or to (source path, view_fn)), got {kind} {ties!r}. {fix}')
 
 
+class TieTypeError(TieError, TypeError):
+  """A TieError for an argument of the wrong kind (``except TypeError`` too)."""
+
+
+def not_tieable(api: str, name: str, value, expected: str,
+                example: str) -> TieError:
+  """``api``'s first argument, ``name``, is not what it ties."""
+  cls = type(value)
+  got = (f'an instance of {cls.__name__}: pass its class, {cls.__name__}'
+         if cls.__module__ != 'builtins' and not callable(value) or hasattr(
+             cls, 'init_with_output') or hasattr(cls, 'graphdef')  # Linen, NNX
+         else f'{cls.__name__} {value!r}')
+  return TieTypeError(
+      f'{api}({name}, ties): {name} must be {expected}; got {got}. Pass'
+      f' one, e.g. {example}.')
+
+
 def bad_argument(api: str, name: str, value, expected: str) -> TieError:
   """An argument of ``api`` of a kind it does not take."""
   return TieError(f'{api}(..., {name}={value!r}): {name} must be {expected};'

@@ -397,16 +397,15 @@ class InitRun:
   """One ``init`` call, as the checks at the end of its declaring calls see it.
 
   ``seeds`` holds, for each target that ran before its source and computed
-  with a copy that differs from the values stored for the source, those
-  values (through the view): the ``init`` then runs again with them stored
-  at the target, so that the target computes with its source's values from
-  its first use, as one shared module does (:func:`init_once_more`).
+  with a copy that differs from the values stored for the source,
+  ``(tie, col, the source's values through the view, the first use's)``: the
+  ``init`` then runs again with them (:func:`init_once_more`).
   """
 
   def __init__(self, replaying: bool = False):
     self.replaying = replaying
     self.first: set[tuple[Path, str]] = set()  # targets that ran first
-    self.seeds: list[tuple[Path, str, Any]] = []  # (target, col, values)
+    self.seeds: list[tuple[Tie, str, Any, Any]] = []
     # Copies whose source, outside the declaring module, had not run when
     # its call returned: checked when the init's function returns.
     self.deferred: list[tuple[Tie, str]] = []
@@ -430,8 +429,13 @@ def init_once_more(init, again):
   source stores (:func:`_ran_first`), everything the init computed from it
   (its output, and state such as a ``stats`` total written from both uses)
   is another model's. The init then runs again with the source's values
-  stored at each such target (``seeds``), which the target reads as its copy
-  from its first use: one shared module's first call would have made them.
+  stored at each such target, which the target reads as its copy from its
+  first use: one shared module's first call would have made them, where
+  they are drawn from the source's rng streams. Where the source then
+  stores other values (computed from its input, which the target's use
+  changed), the first use's own values are what one shared module's first
+  call made: the init runs once more with them stored at the source, which
+  every use then reads (through the view, the source's first values).
 
   Args:
     init: runs the init, giving ``(output, variables)``.
@@ -439,28 +443,32 @@ def init_once_more(init, again):
       with the variables ``seeds`` stored before it starts.
 
   Returns:
-    ``(output, variables)`` of the first run, or of the seeded one.
+    ``(output, variables)`` of the last run.
   """
-  runs = _init_runs()
-  run = InitRun()
-  runs.append(run)
-  try:
-    y, variables = init()
-  finally:
-    runs.pop()
-  if not run.seeds:
-    return y, variables
-  seeds = {}
-  for path, col, values in run.seeds:
-    node = seeds.setdefault(col, {})
+  runs, out, seeds = _init_runs(), None, ()
+  for at_source in (None, False, True):
+    run = InitRun(replaying=at_source is not None)
+    runs.append(run)
+    try:
+      out = init() if at_source is None else again(_seed_tree(seeds, at_source))
+    finally:
+      runs.pop()
+    if not run.seeds or at_source:
+      return out
+    seeds = seeds or run.seeds  # the first run's: the first use's values
+  return out
+
+
+def _seed_tree(seeds, at_source: bool):
+  """The variables ``seeds`` store: at each target, or at each source."""
+  tree = {}
+  for tie, col, seen, first in reversed(seeds):  # the first checked wins
+    path, values = (tie.source, first) if at_source else (tie.target, seen)
+    node = tree.setdefault(col, {})
     for name in path[:-1]:
       node = node.setdefault(name, {})
-    node[path[-1]] = values
-  runs.append(InitRun(replaying=True))
-  try:
-    return again(seeds)
-  finally:
-    runs.pop()
+    node[path[-1]] = jax.tree_util.tree_map(lambda v: v, values)
+  return tree
 
 
 def check_deferred(root):
@@ -1097,10 +1105,13 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       sources[key] = source, crossed, flat
     _check_copy(tie, col, copy, source, flat if tie.view is None else None)
     runs = _init_runs()
-    if runs and not runs[-1].replaying:
+    if runs:
       seen = _ran_first(scope, tie, col, copy, source, runs[-1].first)
-      if seen is not None:
-        runs[-1].seeds.append((tie.target, col, seen))
+      if seen is not None:  # the first use's values, where they can be stored
+        first = copy if tie.view is None and not any(isinstance(
+            unbox(v), jax.core.Tracer) for v in jax.tree_util.tree_leaves(
+                copy)) else source
+        runs[-1].seeds.append((tie, col, seen, first))
   elif not isinstance(copy, Mapping) or copy:
     runs = _init_runs()
     if runs and not is_within(tie.source, scope.path):  # it may run later

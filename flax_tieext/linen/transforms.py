@@ -43,6 +43,7 @@ from flax.linen.transforms import Target
 from flax.linen import transforms as linen_transforms
 from flax_tieext.core import _static_args
 from flax_tieext.core import lift
+from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 from flax_tieext.core import ties as ties_lib
 # pylint: enable=g-importing-member,unused-import
@@ -445,10 +446,10 @@ def tie(
       land, or values given for a target, naming the paths and the fix.
   """
   if not _is_module_class(target):
-    raise TypeError(
-        f'nn.tie takes a Module class, got {target!r}. A tie is state of a'
-        " module's scope: apply nn.tie to the class whose submodule paths the"
-        ' ties name, e.g. nn.tie(Encoder, {"block_1": "block_0"}).')
+    raise tie_errors.not_tieable(
+        'nn.tie', 'target', target, 'a Module class (or a functools.partial'
+        ' of one), whose submodule paths the ties name',
+        'nn.tie(Encoder, {"block_1": "block_0"})')
   partial_object = target if isinstance(target, functools.partial) else None
   module_class = partial_object.func if partial_object else target
   tied = _tied_class(module_class, tie_spec.given(ties, 'nn.tie'),

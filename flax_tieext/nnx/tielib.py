@@ -665,10 +665,10 @@ def tie(module_class: type[M], ties: tp.Mapping[tp.Any, TieSpec],
   """
   if not (isinstance(module_class, type) and issubclass(module_class, nnx.Pytree)
           and module_class._pytree__is_pytree):  # pylint: disable=protected-access
-    raise TieError(
-        f'tie: {module_class!r} is not an NNX module class that is a pytree;'
-        ' tie(module_class, ties) takes the class, as nn.tie does.'
-    )
+    raise tie_errors.not_tieable(
+        'flax_tieext.nnx.tie', 'module_class', module_class,
+        'an nnx.Module class (a subclass that is a pytree)',
+        "flax_tieext.nnx.tie(LM, {'head.kernel': 'embed.embedding'})")
   all_ties = _records(ties, getattr(module_class, '_tieext_ties', ()), in_scan=in_scan)
   trie = _target_trie(all_ties)
   parent = module_class
