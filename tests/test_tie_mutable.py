@@ -143,8 +143,7 @@ def test_shared_batchnorm_matches_one_module_called_three_times(wrap):
 
 
 # ---------------------------------------------------------------------------
-# A counter written at init, its source across a lifted transform (issue 52,
-# found and left open: the strict xfails below say what fails today).
+# A counter written at init, its source across a lifted transform (issue 52).
 # ---------------------------------------------------------------------------
 
 
@@ -203,20 +202,20 @@ def test_a_counter_tied_at_the_root_counts_both_uses(source_wrap, target_wrap):
                                       target_wrap)
 
 
-@pytest.mark.xfail(strict=True, raises=flax_tieext.TieError, reason=(
-    "open (issue 52): the target's copy holds the Python int its init wrote,"
-    " checked as int64 against the source's int32 (a JAX array once it"
-    ' crossed nn.remat): a false "Shape or dtype mismatch"'))
 def test_a_counter_tied_as_one_variable_its_source_rematted_counts_both_uses():
   _counts_against_one_shared_instance({'b/c/n': 'a/c/n'}, 'remat', 'none')
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'open (issue 52): a tie declared inside the target, which runs in'
-    ' nn.remat / nn.jit, its source outside: init silently loses the'
-    " target's write (count 1, one shared instance 2), and apply refuses it"
-    ' ("cannot land": the source is a closed-over value inside the'
-    ' transform)'))
 @pytest.mark.parametrize('target_wrap', ['remat', 'jit'])
-def test_a_counter_tied_inside_a_lifted_target_counts_both_uses(target_wrap):
-  _counts_against_one_shared_instance(None, 'none', target_wrap)
+def test_a_counter_tied_inside_a_lifted_target_refuses_the_write_at_init(
+    target_wrap):
+  # The tie is declared inside the target, which runs in nn.remat / nn.jit,
+  # its source outside: there the source is a closed-over, read-only value,
+  # so the target's write cannot land. init lost it silently (count 1, one
+  # shared instance 2); it now refuses it as apply does, saying to declare
+  # the tie outside (at the root, as the test above does: it counts both).
+  with pytest.raises(flax_tieext.TieError, match=(
+      r"(?s)A write to /b/c in collection 'counts' cannot land in its source"
+      r' /a/c: .* inside nn\.%s .*Declare the tie at the common ancestor'
+      % target_wrap)):
+    _counts_against_one_shared_instance(None, 'none', target_wrap)

@@ -526,7 +526,10 @@ def flatten(tree, prefix=()) -> list[tuple[Path, Any]]:
 
 def shape_dtype(x) -> tuple[tuple[int, ...], np.dtype]:
   """Shape and dtype of a leaf, read from its metadata (never its values)."""
-  dtype = x.dtype if hasattr(x, 'dtype') else np.result_type(x)
+  # A Python scalar (a counter's 0) has JAX's dtype for it: the dtype it has
+  # once it crosses a transform (int32 without x64, not NumPy's int64).
+  dtype = x.dtype if hasattr(x, 'dtype') else jax.dtypes.canonicalize_dtype(
+      np.result_type(x))
   return tuple(np.shape(x)), np.dtype(dtype)
 
 

@@ -663,8 +663,11 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
   if isinstance(how, Refused):
     raise refused(scope, tie, col, how, write=write, crossed=crossed)
   seen = node if tie.view is None else apply_views(tie, node)
-  if how == COPY:
-    own = _own(scope, col, None if node else tie)  # dropped by check_init
+  if how == COPY:  # dropped by check_init
+    own = _own(scope, col, None if node else tie, landing=(
+        (lambda: refused(scope, tie, col, Refused.CANNOT_LAND, write=True,
+                         crossed=crossed))
+        if node and crossed and col != 'params' else None))
     _fill(own, seen)
     return own
   if crossed or tie.view is not None:  # a closed-over value, or a view:
@@ -691,13 +694,15 @@ def _given(scope, col: str) -> bool:
   return bool(stored(scope, scope.path, col))
 
 
-def _own(scope, col: str, first: Tie | None = None):
+def _own(scope, col: str, first: Tie | None = None, landing=None):
   """The scope's own dict of ``col``, created where Flax creates it.
 
-  With ``first``, the tie of a target whose source does not exist yet: a
-  dict created now refuses a second write of a name (:class:`FirstCopy`).
+  With ``first``, the tie of a target whose source does not exist yet, or
+  ``landing``, the error of a write to a source that is a closed-over value:
+  a dict created now refuses a second write of a name (:class:`FirstCopy`).
   """
-  fresh = FirstCopy(first, col) if first is not None else {}
+  fresh = (FirstCopy(first, col) if first is not None else
+           FirstCopy(None, col, landing=landing) if landing else {})
   if scope.parent is None:
     return scope._variables.setdefault(col, fresh)
   parent = scope.parent._mutable_collection(col)
@@ -709,23 +714,26 @@ def _own(scope, col: str, first: Tie | None = None):
 
 
 class FirstCopy(dict):
-  """The copy of a target that runs before its source, while initializing.
+  """A target's copy, while initializing, that no write can leave.
 
   Flax writes a variable here when it creates it; a second write would be
-  lost with the copy (the source does not exist yet to take it), and raises
-  the tie's TieError. A submodule's dict, which Flax adds empty, is one too.
+  lost with the copy, and raises the tie's TieError: the source does not
+  exist yet to take it (the target runs first), or, with ``landing``, it is
+  a closed-over value of a transform the target is inside (the error
+  ``landing`` gives, as at ``apply``). A submodule's dict, which Flax adds
+  empty, is one too.
   """
 
-  def __init__(self, tie: Tie, col: str, at: Path = ()):
+  def __init__(self, tie: Tie | None, col: str, at: Path = (), landing=None):
     super().__init__()
-    self.tie, self.col, self.at = tie, col, at
+    self.tie, self.col, self.at, self.landing = tie, col, at, landing
 
   def __setitem__(self, name, value):
     if name in self and not isinstance(value, Mapping):
-      raise tie_errors.written_before_source(self.tie, self.col,
-                                             self.at + (name,))
+      raise (self.landing() if self.landing else tie_errors.written_before_source(
+          self.tie, self.col, self.at + (name,)))
     if type(value) is dict and not value:
-      value = FirstCopy(self.tie, self.col, self.at + (name,))
+      value = FirstCopy(self.tie, self.col, self.at + (name,), self.landing)
     super().__setitem__(name, value)
 
 
@@ -742,7 +750,9 @@ def _fill(own, source):
   """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared)."""
   for name, value in (source.items() if isinstance(source, Mapping) else ()):
     if type(value) is dict or isinstance(value, Mapping):
-      _fill(own.setdefault(name, {}), value)
+      if name not in own:
+        own[name] = {}  # (a FirstCopy's is one too)
+      _fill(own[name], value)
     elif name not in own:
       own[name] = value
 
