@@ -341,29 +341,33 @@ def patch_installed(request):
     flax_tieext.uninstall()
 
 
-# The tie test files whose models are checked by ``tie_invariants``; the
-# files and tests that count traces, calls or a view's own calls are left out
-# (an extra apply would be counted), and the generator, which checks more.
-TIE_INVARIANT_FILES = ('test_tie_', 'upstream/linen_tie_test')
-TIE_INVARIANT_LEFT_OUT = (
-    'test_tie_trace_counts', 'test_tie_cost', 'test_tie_caches',
-    'test_tie_generated', 'test_each_call_site_is_traced_once',
-    'test_init_runs_again_only_where_a_target_ran_first_with_other_values')
+# What ``tie_invariants`` did in this process (the xdist controller sums its
+# workers'): the session's last lines say it.
+TIE_INVARIANT_COUNTS = collections.Counter()
 
 
 @pytest.fixture(autouse=True)
 def tie_invariants(request):
-  """On every Linen model a tie test initializes: the reference semantics.
+  """On every Linen model a test initializes: the reference semantics.
 
   ``init_with_output``'s output is what ``apply`` of the variables it returned
   gives (same arguments, method and rngs), where that apply writes nothing
   (a model that updates state at apply computes from other values): a model
   whose ties are declared inside it (inner ties) too. What init stored holds
-  no target of a tied class's ties.
+  no target of a tied class's ties. Untied models are checked as well: what
+  holds for one shared instance in plain Flax holds for them, patched or not.
+
+  On every test of the suite. Each init is recorded as it returns and
+  checked when the test is done, after its own assertions: a test that counts
+  traces, Python calls or a view's calls has read its counters by then, so
+  the check's ``apply`` is counted by none. The records (the module, its
+  arguments, output and variables) live until then only. An init inside a
+  JAX trace (``jax.jit(model.init)``, ``jax.eval_shape``) returns tracers,
+  which are no values once the trace is done: it is not checked. A test whose
+  models must not be checked says why with ``@pytest.mark.no_tie_invariants``
+  (a reason as its argument).
   """
-  nodeid = request.node.nodeid
-  if (not any(f in nodeid.split('::')[0] for f in TIE_INVARIANT_FILES)
-      or any(f in nodeid for f in TIE_INVARIANT_LEFT_OUT)
+  if (request.node.get_closest_marker('no_tie_invariants')
       or os.environ.get('TIEEXT_TEST_TIE_INVARIANTS') == '0'):  # (to time it)
     yield
     return
@@ -371,44 +375,118 @@ def tie_invariants(request):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax.core.scope import DenyList  # pylint: disable=g-import-not-at-top
-  from flax_tieext.core import tie_spec  # pylint: disable=g-import-not-at-top
   init_with_output = nn.Module.init_with_output
+  records = []
+  counts = TIE_INVARIANT_COUNTS
 
-  def checked(self, rngs, *args, method=None,
-              mutable=DenyList('intermediates'), **kwargs):
+  def copied(tree):
+    # Fresh containers (and NumPy arrays): the test may change its own.
+    return jax.tree_util.tree_map(
+        lambda x: x.copy() if isinstance(x, np.ndarray) else x, tree)
+
+  def recorded(self, rngs, *args, method=None,
+               mutable=DenyList('intermediates'), **kwargs):
     y, variables = init_with_output(self, rngs, *args, method=method,
                                     mutable=mutable, **kwargs)
     if self.scope is not None or kwargs.get('capture_intermediates') or (
         mutable not in (True, DenyList('intermediates'))) or callable(method):
       return y, variables
-    # Stacked declarations mean their union (a part may be invalid alone).
-    declarations = getattr(type(self), '_tie_declarations', ())
-    for tie in tie_spec.compose(sum([tie_spec.absolute(t, c, (), in_scan=s)
-                                     for t, c, s in declarations], ())):
-      for col in variables:
-        assert not tie.applies_to(col) or tie_spec.walk(
-            variables[col], tie.target) is None, (
-                f'init stored the target of {tie.describe(col)}')
-    keys = rngs if isinstance(rngs, dict) else {'params': rngs}
-    try:
-      again, written = self.apply(variables, *args, rngs=keys, method=method,
-                                  mutable=True, **kwargs)
-    except Exception:  # pylint: disable=broad-except
-      return y, variables  # the test's to say (apply may be what it checks)
-    written, variables_now = nn.unbox(written), nn.unbox(variables)
-    if (jax.tree_util.tree_structure(written)
-        == jax.tree_util.tree_structure(variables_now)) and all(
-            np.array_equal(a, b) for a, b in zip(
-                jax.tree_util.tree_leaves(written),
-                jax.tree_util.tree_leaves(variables_now))):
-      jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(
-          a, b, rtol=1e-5, atol=1e-5, err_msg='init_with_output != apply')
-                             if np.issubdtype(np.asarray(a).dtype, np.number)
-                             else np.testing.assert_equal(a, b), y, again)
+    started = time.process_time()
+    if any(isinstance(leaf, jax.core.Tracer)
+           for leaf in jax.tree_util.tree_leaves((y, variables, args, kwargs))):
+      counts['inits traced, not checked'] += 1
+      return y, variables
+    records.append((self, copied(rngs), copied(args), copied(kwargs), method,
+                    copied(y), copied(variables), _patch_installed()))
+    counts['CPU seconds'] += time.process_time() - started
     return y, variables
 
-  nn.Module.init_with_output = checked
+  nn.Module.init_with_output = recorded
   try:
     yield
   finally:
     nn.Module.init_with_output = init_with_output
+  started = time.process_time()
+  checked = False
+  try:
+    while records:  # (the first first; each dropped once checked)
+      checked |= _check_tie_invariants(*records.pop(0), counts=counts)
+  finally:
+    records.clear()
+    counts['tests'] += checked
+    counts['CPU seconds'] += time.process_time() - started
+
+
+def _patch_installed():
+  import flax_tieext  # pylint: disable=g-import-not-at-top
+  return flax_tieext.is_installed()
+
+
+def _check_tie_invariants(module, rngs, args, kwargs, method, y, variables,
+                          installed, counts):
+  """``tie_invariants``' check of one init; False where there was none."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import flax_tieext  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from flax_tieext.core import tie_spec  # pylint: disable=g-import-not-at-top
+  # Stacked declarations mean their union (a part may be invalid alone).
+  declarations = getattr(type(module), '_tie_declarations', ())
+  for tie in tie_spec.compose(sum([tie_spec.absolute(t, c, (), in_scan=s)
+                                   for t, c, s in declarations], ())):
+    for col in variables:
+      assert not tie.applies_to(col) or tie_spec.walk(
+          variables[col], tie.target) is None, (
+              f'init of {type(module).__name__} stored the target of'
+              f' {tie.describe(col)}')
+  keys = rngs if isinstance(rngs, dict) else {'params': rngs}
+  # Under the patch mode the init ran in (the test's opted-out copy, or a
+  # test that uninstalled or installed the patch itself).
+  was = flax_tieext.is_installed()
+  if was != installed:
+    (flax_tieext.install if installed else flax_tieext.uninstall)()
+  try:
+    again, written = module.apply(variables, *args, rngs=keys, method=method,
+                                  mutable=True, **kwargs)
+  except Exception:  # pylint: disable=broad-except
+    counts['inits whose apply raised'] += 1
+    return False  # the test's to say (apply may be what it checks)
+  finally:
+    if was != installed:
+      (flax_tieext.install if was else flax_tieext.uninstall)()
+  written, variables_now = nn.unbox(written), nn.unbox(variables)
+  if (jax.tree_util.tree_structure(written)
+      != jax.tree_util.tree_structure(variables_now)) or not all(
+          np.array_equal(a, b) for a, b in zip(
+              jax.tree_util.tree_leaves(written),
+              jax.tree_util.tree_leaves(variables_now))):
+    counts['inits whose apply writes'] += 1
+    return False
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=1e-5, atol=1e-5,
+      err_msg=f'init_with_output != apply of {type(module).__name__}')
+                         if np.issubdtype(np.asarray(a).dtype, np.number)
+                         else np.testing.assert_equal(a, b), y, again)
+  counts['models checked'] += 1
+  return True
+
+
+def pytest_sessionfinish(session):
+  workeroutput = getattr(session.config, 'workeroutput', None)
+  if workeroutput is not None:  # an xdist worker: to the controller
+    workeroutput['tie_invariants'] = dict(TIE_INVARIANT_COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pylint: disable=unused-argument
+  TIE_INVARIANT_COUNTS.update(
+      getattr(node, 'workeroutput', {}).get('tie_invariants', {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+  if TIE_INVARIANT_COUNTS:
+    counts = dict(TIE_INVARIANT_COUNTS)
+    seconds = counts.pop('CPU seconds', 0.0)
+    terminalreporter.write_line(
+        'tie_invariants: ' + ', '.join(f'{n} {what}' for what, n in counts.items())
+        + f'; {seconds:.1f} CPU-s')
