@@ -357,13 +357,15 @@ def collection_missing(tie, col: str, where: str, given) -> TieError:
       f'Make it mutable: apply(..., mutable=[{col!r}]).')
 
 
-def collection_unknown(tie, col: str, given, hint: str) -> TieError:
-  """A tie names a collection no given variable and no module has (apply)."""
+def collection_unknown(tie, col: str, names, hint: str,
+                       at_init: bool = False) -> TieError:
+  """A tied collection not in ``names``: those given (apply) or made (init)."""
+  found = (f'init created no collection {col!r} (it created' if at_init else
+           f'the variables have no collection {col!r} and no module under the'
+           ' tie uses it (collections given:')
   return tie_error(
-      f'The {tie.describe()} ties collection {col!r}, but the variables have'
-      f' no collection {col!r} and no module under the tie uses it'
-      f' (collections given: {_listed(given)}).'
-      + (hint or did_you_mean(col, given)),
+      f'The {tie.describe()} ties collection {col!r}, but {found}'
+      f' {_listed(names)}).' + (hint or did_you_mean(col, names)),
       'Fix the collection name in collections=.')
 
 
@@ -416,14 +418,6 @@ def held_in(path: Path, holders) -> str:
   return holders and (
       f' {text(path)} is stored in collection {holders[0]!r}: tie that'
       f' collection (collections={holders[0]!r}).') or ''
-
-
-def init_created_no_collection(tie, col: str, present, hint: str) -> TieError:
-  return tie_error(
-      f'The {tie.describe()} ties collection {col!r}, but init created no'
-      f' collection {col!r} (it created {_listed(present)}).'
-      + (hint or did_you_mean(col, present)),
-      'Fix the collection name in collections=.')
 
 
 def source_missing_at_init(tie, col: str, hint: str) -> TieError:

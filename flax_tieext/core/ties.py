@@ -1059,8 +1059,8 @@ def check_init(scope, ties: tuple[Tie, ...]):
     for col in names:
       if col not in present and (len(names) == 1 or
                                  tie_errors.did_you_mean(col, present)):
-        raise tie_errors.init_created_no_collection(
-            tie, col, present, held_elsewhere(scope, tie.target, col))
+        raise tie_errors.collection_unknown(
+            tie, col, present, held_elsewhere(scope, tie.target, col), True)
     found = False
     for col in sorted([c for c in present if tie.applies_to(c)]):
       form = found_ties.forms[col]
