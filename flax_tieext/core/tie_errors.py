@@ -42,9 +42,9 @@ def text(path, sep: str = '/') -> str:
   return repr(sep.join(path)) if path else 'the module'
 
 
-def _declared(declared_at: Path, sep: str) -> str:
-  """Where a tie is declared; NNX ties are declared on the tied class."""
-  return f' declared at {text(declared_at)}' if sep == '/' else ''
+def _declared(sep: str, *places: Path) -> str:
+  """Where ties are declared; NNX ties are declared on the tied class."""
+  return ' declared at ' + ' and '.join(map(text, places)) if sep == '/' else ''
 
 
 def tie_error(what: str, *options: str) -> TieError:
@@ -141,7 +141,7 @@ def bad_source_spec(target_text: str, declared_at: Path, spec) -> TieError:
 def path_not_a_str(what: str, declared_at: Path, path,
                    sep: str = '/') -> TieError:
   return TieError(
-      f'The {what} path of a tie{_declared(declared_at, sep)} must be a'
+      f'The {what} path of a tie{_declared(sep, declared_at)} must be a'
       f' str{"" if sep == "/" else " or a tuple of keys"}, got'
       f' {type(path).__name__} {path!r}. '
       + ('Write paths as "/"-separated module names, e.g. "block_1/attn",'
@@ -153,7 +153,7 @@ def path_not_a_str(what: str, declared_at: Path, path,
 def above_root(what: str, path: str, declared_at: Path,
                sep: str = '/') -> TieError:
   return TieError(f'The {what} path {path!r} of a tie'
-                  f'{_declared(declared_at, sep)} goes above the root module.')
+                  f'{_declared(sep, declared_at)} goes above the root module.')
 
 
 def spelled_twice(first_text: str, second_text: str, declared_at: Path,
@@ -163,7 +163,7 @@ def spelled_twice(first_text: str, second_text: str, declared_at: Path,
             f' {text(second[0], sep)})' if first[0] != second[0] else
             f'the source {text(second[0], sep)} with different views')
   return TieError(
-      f'Ties {first_text!r} and {second_text!r}{_declared(declared_at, sep)}'
+      f'Ties {first_text!r} and {second_text!r}{_declared(sep, declared_at)}'
       f' both name {text(target, sep)}, with {differ}. A target has one'
       ' source: keep one of them.')
 
@@ -171,16 +171,9 @@ def spelled_twice(first_text: str, second_text: str, declared_at: Path,
 def self_tie(target_text: str, spec: str, declared_at: Path,
              target: Path, sep: str = '/') -> TieError:
   return TieError(
-      f'Tie {target_text!r} -> {spec!r}{_declared(declared_at, sep)} ties'
+      f'Tie {target_text!r} -> {spec!r}{_declared(sep, declared_at)} ties'
       f' {text(target, sep)} to itself. A tie needs two distinct paths: remove'
       ' it, or name the module whose variables should be shared.')
-
-
-def _where(ties) -> str:
-  if ties[0].sep != '/':  # NNX: declared on the tied class
-    return ''
-  places = sorted({t.declared_at for t in ties})
-  return ' declared at ' + ' and '.join(text(p) for p in places)
 
 
 def _declarations(ties) -> str:
@@ -195,8 +188,9 @@ def _declarations(ties) -> str:
 
 def cycle(ties, paths: Sequence[Path]) -> TieError:
   """The chain of ties from a target comes back to a path it passed."""
+  places = sorted({t.declared_at for t in ties})
   return TieError(
-      f'The ties{_where(ties)} form a cycle: '
+      f'The ties{_declared(ties[0].sep, *places)} form a cycle: '
       + ' -> '.join(ties[0].text(p) for p in paths)
       + '. Every chain of ties must end at a stored path: pick one of them as'
       ' the source and tie the others to it.' + _declarations(ties))
