@@ -40,8 +40,7 @@ import numpy as np
 
 from flax.core import meta
 from flax_tieext.core import tie_errors
-# nearest and did_you_mean are used through this module by its users too.
-from flax_tieext.core.tie_errors import did_you_mean, nearest, text  # pylint: disable=unused-import
+from flax_tieext.core.tie_errors import text
 
 Path = tuple[str, ...]
 
@@ -539,8 +538,7 @@ def check_like(tie: Tie, col: str, existing, value):
     raise tie_errors.unlike(tie, col, shapes(existing), shapes(value))
 
 
-def is_box(x) -> bool:
-  return isinstance(x, meta.AxisMetadata)
+is_box = meta.is_axis_metadata  # a boxed variable (nn.Partitioned, ...)
 
 
 def apply_views(tie: Tie, tree):
@@ -571,7 +569,6 @@ def apply_view(tie: Tie, value, under=()):
   names = getattr(value, 'names', None)
   if names is None or all(n is None for n in names):
     return value.replace_boxed(tie.view(array))
-  shape = np.shape(array)
   seen = jax.eval_shape(tie.view, array).shape
   out = [None] * len(seen)
   for axis, name in enumerate(names):
