@@ -121,6 +121,8 @@ BY_PACK_NAME = {
     'vmap': BROADCAST, 'scan': BROADCAST, 'vjp': CLOSE_OVER,
     'jvp': CLOSE_OVER, 'value_and_grad': CLOSE_OVER, 'custom_vjp': CLOSE_OVER,
 }
+# The names of the transforms that reuse their trace (``nn.jit``).
+CACHES_TRACE = frozenset(n for n, s in BY_PACK_NAME.items() if s.caches_trace)
 
 
 def sources_of(name) -> TieSources | None:
@@ -132,12 +134,6 @@ def sources_of(name) -> TieSources | None:
   if isinstance(name, PackSite):
     name = name.name
   return BY_PACK_NAME.get(name) if isinstance(name, str) else None
-
-
-def caches_trace(name: str) -> bool:
-  """Whether the transform that gives ``pack`` ``name`` reuses its trace."""
-  sources = BY_PACK_NAME.get(name)
-  return sources is not None and sources.caches_trace
 
 
 class Lift:
