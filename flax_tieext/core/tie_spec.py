@@ -19,12 +19,11 @@ What ``lift.tie`` is given (a mapping from target path to source path, or to
 absolute paths here, before any scope is involved, and :func:`compose` states
 what a set of ties means together (their normal form), which :class:`InForce`
 keeps for the ties in force at a scope, indexed by path (:class:`Form`). The
-mechanism that
-makes a tie hold inside scopes and lifted transforms is
-``flax_tieext.core.ties``; the conversion of variable trees between the tied
-and untied layouts is ``flax_tieext.core.tie_convert``; the messages are
-``flax_tieext.core.tie_errors``. They use
-the helpers below for paths and views of partitioned values.
+mechanism that makes a tie hold inside scopes and lifted transforms is
+``flax_tieext.core.ties``; the conversion of variable trees between the tied and
+untied layouts is ``flax_tieext.core.tie_convert``; the messages are
+``flax_tieext.core.tie_errors``. They use the helpers below for paths and views
+of partitioned values.
 """
 
 from __future__ import annotations

@@ -240,12 +240,11 @@ def declare(scope, ties: Mapping[str, Any], collections: Any = 'params',
 
   ``ties``, ``collections`` and ``in_scan`` are what ``lift.tie`` takes;
   ``stacked``, more such triples declared with them (stacked ``nn.tie``
-  classes). Their records
-  (``tie_spec.absolute``) are returned. ``scope`` is changed in place, as its
-  constructor would have set it. A tie equal to one in force is
-  kept (declaring again is a no-op). The ties in force are checked together
-  at once (for the collections they name), as their union: a tie that gives a
-  target in force another source, or closes a cycle with them, raises a
+  classes). Their records (``tie_spec.absolute``) are returned. ``scope`` is
+  changed in place, as its constructor would have set it. A tie equal to one in
+  force is kept (declaring again is a no-op). The ties in force are checked
+  together at once (for the collections they name), as their union: a tie that
+  gives a target in force another source, or closes a cycle with them, raises a
   ``TieError``.
   """
   records = sum([absolute(t, c, scope.path, in_scan=s)
