@@ -122,20 +122,17 @@ def bad_argument(api: str, name: str, value, expected: str) -> TieError:
                   f' got {type(value).__name__} {value!r}.')
 
 
-def view_not_callable(api: str, target, spec) -> TieError:
-  return TieError(
-      f'The source of tie {target!r} given to {api}(..., ties) must be a path,'
-      f' or a (path, view_fn) pair, got {spec!r}: its view_fn,'
-      f' {type(spec[1]).__name__} {spec[1]!r}, is not callable. Pass a'
-      ' function of the source value, e.g. {"head/kernel":'
-      ' ("embed/embedding", jnp.transpose)}, or the source path alone for'
-      ' an unviewed tie.')
-
-
-def bad_source_spec(target_text: str, declared_at: Path, spec) -> TieError:
-  return TieError(
-      f'The source of tie {target_text!r} (declared at {text(declared_at)})'
-      f' must be a path, or a (path, view_fn) pair, got {spec!r}.')
+def bad_source_spec(target, spec, declared_at: Path = (),
+                    api: str = '') -> TieError:
+  """A source no path, nor a pair; given to ``api``: a view not callable."""
+  view = (f': its view_fn, {type(spec[1]).__name__} {spec[1]!r}, is not'
+          ' callable. Pass a function of the source value, e.g.'
+          ' {"head/kernel": ("embed/embedding", jnp.transpose)}, or the source'
+          ' path alone for an unviewed tie' if api else '')
+  where = (f'given to {api}(..., ties)' if api else
+           f'(declared at {text(declared_at)})')
+  return TieError(f'The source of tie {target!r} {where} must be a path, or a'
+                  f' (path, view_fn) pair, got {spec!r}{view}.')
 
 
 def path_not_a_str(what: str, declared_at: Path, path,

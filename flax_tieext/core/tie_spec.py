@@ -39,9 +39,7 @@ import numpy as np
 
 from flax.core import meta
 from flax_tieext.core import tie_errors
-from flax_tieext.core.tie_errors import text
-
-Path = tuple[str, ...]
+from flax_tieext.core.tie_errors import Path, text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +176,7 @@ def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
     if isinstance(spec, tuple) and len(spec) == 2 and not (
         sep != '/' and isinstance(spec[1], (str, int))):  # (NNX: keys)
       if not callable(spec[1]):
-        raise tie_errors.view_not_callable(api, target, spec)
+        raise tie_errors.bad_source_spec(target, spec, api=api)
       try:
         hash(spec[1])
       except TypeError:
@@ -257,7 +255,7 @@ def _normalized(items, collections, declared_at: Path,
     if isinstance(spec, tuple) and len(spec) == 2 and callable(spec[1]):
       spec, view = spec
     elif isinstance(spec, tuple) and sep == '/':  # (NNX: a path of keys)
-      raise tie_errors.bad_source_spec(target_text, declared_at, spec)
+      raise tie_errors.bad_source_spec(target_text, spec, declared_at)
     target = _parse_path(target_text, declared_at, 'target', sep)
     source = _parse_path(spec, declared_at, 'source', sep)
     if target in raw and raw[target][:2] != (source, view):
