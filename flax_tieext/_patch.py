@@ -242,7 +242,7 @@ def _pack(pack):
                  name=None, enable_kwargs=False):
     packed = pack(fn, in_variable_filters, out_variable_filters, rng_filters,
                   name, enable_kwargs)
-    if type(name) is not str or not ties.caches_trace(name):  # pylint: disable=unidiomatic-typecheck
+    if type(name) is not str or name not in ties.CACHES_TRACE:  # pylint: disable=unidiomatic-typecheck
       return packed
     site = ties.PackSite(name)
 
@@ -274,7 +274,7 @@ def _partial_pack(pack):
       cell = tie_lift.SCAN_CALL.get()
       if cell and cell[0].scope_tree is scope_tree:
         call = cell.pop()
-    elif type(name) is str and ties.caches_trace(name):  # pylint: disable=unidiomatic-typecheck
+    elif type(name) is str and name in ties.CACHES_TRACE:  # pylint: disable=unidiomatic-typecheck
       cell = ties.PACK_SITE.get()
       site = cell.pop() if cell else None
     # What the plugin's records name the pack by: its site, if it has one.

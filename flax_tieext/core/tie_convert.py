@@ -113,18 +113,17 @@ def tie_variables(
   if merge is not None and not callable(merge) and merge not in _MERGES:
     raise tie_errors.bad_merge(merge, _MERGES)
   out = _given(variables, ties, collections, 'tie_variables')
-  # Every target is checked in the tree as given, then removed (a target may
-  # lie inside the source of another).
-  found = [(tie, col, tie_spec.walk(out[col], tie.target), expected, stack)
+  # Every stored target is checked in the tree as given, then removed (a
+  # target may lie inside the source of another).
+  found = [(tie, col, target, expected, stack)
            for tie, col, expected, stack in _viewed_sources(
-               out, ties, collections, 'tie', stacks)]
+               out, ties, collections, 'tie', stacks)
+           if (target := tie_spec.walk(out[col], tie.target)) is not None]
   for tie, col, target, expected, stack in found:
-    if target is not None:
-      _check_like(tie, col, target, expected, stack)
+    _check_like(tie, col, target, expected, stack)
   out = _merge_copies(out, found, merge)
-  for tie, col, target, _, _ in found:
-    if target is not None:
-      out[col] = _with_path(out[col], tie.target, _ABSENT)
+  for tie, col, _, _, _ in found:
+    out[col] = _with_path(out[col], tie.target, _ABSENT)
   return out
 
 
@@ -431,12 +430,9 @@ def _copies(found) -> list[_Copy]:
   A leaf inside two targets (a tie inside the target of another) is the copy
   of the tie whose target is deeper: its source is the final one.
   """
-  targets = {(col, tie.target) for tie, col, target, _, _ in found
-             if target is not None}
+  targets = {(col, tie.target) for tie, col, _, _, _ in found}
   copies = []
   for tie, col, target, expected, stack in found:
-    if target is None:
-      continue
     for path, x, y in _leaf_pairs(target, expected):
       full = tie.target + path
       if not any((col, full[:n]) in targets
@@ -552,12 +548,12 @@ def _merged(merge, col: str, source: tuple[str, ...], value, copies):
   arrays = [c for c, _ in copies]
   result = jax.eval_shape(merge_fn, value, arrays)
   wanted = tie_spec.shape_dtype(value)
-  got = (result.shape, result.dtype) if isinstance(
+  got = tie_spec.shape_dtype(result) if isinstance(
       result, jax.ShapeDtypeStruct) else None
-  if got is None or (tuple(got[0]), np.dtype(got[1])) != wanted:
+  if got != wanted:
     raise tie_errors.merge_result_unlike(
         col, source, _name(merge), result if got is None else
-        f'{tuple(got[0])}:{np.dtype(got[1])}', f'{wanted[0]}:{wanted[1]}')
+        f'{got[0]}:{got[1]}', f'{wanted[0]}:{wanted[1]}')
   if not isinstance(value, jax.Array):
     return jax.device_get(jax.jit(merge_fn)(value, arrays))
   sharding = value.sharding

@@ -42,9 +42,9 @@ def text(path, sep: str = '/') -> str:
   return repr(sep.join(path)) if path else 'the module'
 
 
-def _declared(declared_at: Path, sep: str) -> str:
-  """Where a tie is declared; NNX ties are declared on the tied class."""
-  return f' declared at {text(declared_at)}' if sep == '/' else ''
+def _declared(sep: str, *places: Path) -> str:
+  """Where ties are declared; NNX ties are declared on the tied class."""
+  return ' declared at ' + ' and '.join(map(text, places)) if sep == '/' else ''
 
 
 def tie_error(what: str, *options: str) -> TieError:
@@ -139,26 +139,23 @@ def bad_argument(api: str, name: str, value, expected: str) -> TieError:
                   f' got {type(value).__name__} {value!r}.')
 
 
-def view_not_callable(api: str, target, spec) -> TieError:
-  return TieError(
-      f'The source of tie {target!r} given to {api}(..., ties) must be a path,'
-      f' or a (path, view_fn) pair, got {spec!r}: its view_fn,'
-      f' {type(spec[1]).__name__} {spec[1]!r}, is not callable. Pass a'
-      ' function of the source value, e.g. {"head/kernel":'
-      ' ("embed/embedding", jnp.transpose)}, or the source path alone for'
-      ' an unviewed tie.')
-
-
-def bad_source_spec(target_text: str, declared_at: Path, spec) -> TieError:
-  return TieError(
-      f'The source of tie {target_text!r} (declared at {text(declared_at)})'
-      f' must be a path, or a (path, view_fn) pair, got {spec!r}.')
+def bad_source_spec(target, spec, declared_at: Path = (),
+                    api: str = '') -> TieError:
+  """A source no path, nor a pair; given to ``api``: a view not callable."""
+  view = (f': its view_fn, {type(spec[1]).__name__} {spec[1]!r}, is not'
+          ' callable. Pass a function of the source value, e.g.'
+          ' {"head/kernel": ("embed/embedding", jnp.transpose)}, or the source'
+          ' path alone for an unviewed tie' if api else '')
+  where = (f'given to {api}(..., ties)' if api else
+           f'(declared at {text(declared_at)})')
+  return TieError(f'The source of tie {target!r} {where} must be a path, or a'
+                  f' (path, view_fn) pair, got {spec!r}{view}.')
 
 
 def path_not_a_str(what: str, declared_at: Path, path,
                    sep: str = '/') -> TieError:
   return TieError(
-      f'The {what} path of a tie{_declared(declared_at, sep)} must be a'
+      f'The {what} path of a tie{_declared(sep, declared_at)} must be a'
       f' str{"" if sep == "/" else " or a tuple of keys"}, got'
       f' {type(path).__name__} {path!r}. '
       + ('Write paths as "/"-separated module names, e.g. "block_1/attn",'
@@ -170,7 +167,7 @@ def path_not_a_str(what: str, declared_at: Path, path,
 def above_root(what: str, path: str, declared_at: Path,
                sep: str = '/') -> TieError:
   return TieError(f'The {what} path {path!r} of a tie'
-                  f'{_declared(declared_at, sep)} goes above the root module.')
+                  f'{_declared(sep, declared_at)} goes above the root module.')
 
 
 def spelled_twice(first_text: str, second_text: str, declared_at: Path,
@@ -180,7 +177,7 @@ def spelled_twice(first_text: str, second_text: str, declared_at: Path,
             f' {text(second[0], sep)})' if first[0] != second[0] else
             f'the source {text(second[0], sep)} with different views')
   return TieError(
-      f'Ties {first_text!r} and {second_text!r}{_declared(declared_at, sep)}'
+      f'Ties {first_text!r} and {second_text!r}{_declared(sep, declared_at)}'
       f' both name {text(target, sep)}, with {differ}. A target has one'
       ' source: keep one of them.')
 
@@ -188,16 +185,9 @@ def spelled_twice(first_text: str, second_text: str, declared_at: Path,
 def self_tie(target_text: str, spec: str, declared_at: Path,
              target: Path, sep: str = '/') -> TieError:
   return TieError(
-      f'Tie {target_text!r} -> {spec!r}{_declared(declared_at, sep)} ties'
+      f'Tie {target_text!r} -> {spec!r}{_declared(sep, declared_at)} ties'
       f' {text(target, sep)} to itself. A tie needs two distinct paths: remove'
       ' it, or name the module whose variables should be shared.')
-
-
-def _where(ties) -> str:
-  if ties[0].sep != '/':  # NNX: declared on the tied class
-    return ''
-  places = sorted({t.declared_at for t in ties})
-  return ' declared at ' + ' and '.join(text(p) for p in places)
 
 
 def _declarations(ties) -> str:
@@ -212,8 +202,9 @@ def _declarations(ties) -> str:
 
 def cycle(ties, paths: Sequence[Path]) -> TieError:
   """The chain of ties from a target comes back to a path it passed."""
+  places = sorted({t.declared_at for t in ties})
   return TieError(
-      f'The ties{_where(ties)} form a cycle: '
+      f'The ties{_declared(ties[0].sep, *places)} form a cycle: '
       + ' -> '.join(ties[0].text(p) for p in paths)
       + '. Every chain of ties must end at a stored path: pick one of them as'
       ' the source and tie the others to it.' + _declarations(ties))
@@ -374,13 +365,15 @@ def collection_missing(tie, col: str, where: str, given) -> TieError:
       f'Make it mutable: apply(..., mutable=[{col!r}]).')
 
 
-def collection_unknown(tie, col: str, given, hint: str) -> TieError:
-  """A tie names a collection no given variable and no module has (apply)."""
+def collection_unknown(tie, col: str, names, hint: str,
+                       at_init: bool = False) -> TieError:
+  """A tied collection not in ``names``: those given (apply) or made (init)."""
+  found = (f'init created no collection {col!r} (it created' if at_init else
+           f'the variables have no collection {col!r} and no module under the'
+           ' tie uses it (collections given:')
   return tie_error(
-      f'The {tie.describe()} ties collection {col!r}, but the variables have'
-      f' no collection {col!r} and no module under the tie uses it'
-      f' (collections given: {_listed(given)}).'
-      + (hint or did_you_mean(col, given)),
+      f'The {tie.describe()} ties collection {col!r}, but {found}'
+      f' {_listed(names)}).' + (hint or did_you_mean(col, names)),
       'Fix the collection name in collections=.')
 
 
@@ -433,14 +426,6 @@ def held_in(path: Path, holders) -> str:
   return holders and (
       f' {text(path)} is stored in collection {holders[0]!r}: tie that'
       f' collection (collections={holders[0]!r}).') or ''
-
-
-def init_created_no_collection(tie, col: str, present, hint: str) -> TieError:
-  return tie_error(
-      f'The {tie.describe()} ties collection {col!r}, but init created no'
-      f' collection {col!r} (it created {_listed(present)}).'
-      + (hint or did_you_mean(col, present)),
-      'Fix the collection name in collections=.')
 
 
 def source_missing_at_init(tie, col: str, hint: str) -> TieError:

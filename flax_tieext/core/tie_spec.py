@@ -19,12 +19,11 @@ What ``lift.tie`` is given (a mapping from target path to source path, or to
 absolute paths here, before any scope is involved, and :func:`compose` states
 what a set of ties means together (their normal form), which :class:`InForce`
 keeps for the ties in force at a scope, indexed by path (:class:`Form`). The
-mechanism that
-makes a tie hold inside scopes and lifted transforms is
-``flax_tieext.core.ties``; the conversion of variable trees between the tied
-and untied layouts is ``flax_tieext.core.tie_convert``; the messages are
-``flax_tieext.core.tie_errors``. They use
-the helpers below for paths and views of partitioned values.
+mechanism that makes a tie hold inside scopes and lifted transforms is
+``flax_tieext.core.ties``; the conversion of variable trees between the tied and
+untied layouts is ``flax_tieext.core.tie_convert``; the messages are
+``flax_tieext.core.tie_errors``. They use the helpers below for paths and views
+of partitioned values.
 """
 
 from __future__ import annotations
@@ -40,10 +39,7 @@ import numpy as np
 
 from flax.core import meta
 from flax_tieext.core import tie_errors
-# nearest and did_you_mean are used through this module by its users too.
-from flax_tieext.core.tie_errors import did_you_mean, nearest, text  # pylint: disable=unused-import
-
-Path = tuple[str, ...]
+from flax_tieext.core.tie_errors import Path, text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +176,7 @@ def given(ties: Mapping[Any, Any], api: str = 'lift.tie',
     if isinstance(spec, tuple) and len(spec) == 2 and not (
         sep != '/' and isinstance(spec[1], (str, int))):  # (NNX: keys)
       if not callable(spec[1]):
-        raise tie_errors.view_not_callable(api, target, spec)
+        raise tie_errors.bad_source_spec(target, spec, api=api)
       try:
         hash(spec[1])
       except TypeError:
@@ -259,7 +255,7 @@ def _normalized(items, collections, declared_at: Path,
     if isinstance(spec, tuple) and len(spec) == 2 and callable(spec[1]):
       spec, view = spec
     elif isinstance(spec, tuple) and sep == '/':  # (NNX: a path of keys)
-      raise tie_errors.bad_source_spec(target_text, declared_at, spec)
+      raise tie_errors.bad_source_spec(target_text, spec, declared_at)
     target = _parse_path(target_text, declared_at, 'target', sep)
     source = _parse_path(spec, declared_at, 'source', sep)
     if target in raw and raw[target][:2] != (source, view):
@@ -542,8 +538,7 @@ def check_like(tie: Tie, col: str, existing, value):
     raise tie_errors.unlike(tie, col, shapes(existing), shapes(value))
 
 
-def is_box(x) -> bool:
-  return isinstance(x, meta.AxisMetadata)
+is_box = meta.is_axis_metadata  # a boxed variable (nn.Partitioned, ...)
 
 
 def apply_views(tie: Tie, tree):
@@ -574,7 +569,6 @@ def apply_view(tie: Tie, value, under=()):
   names = getattr(value, 'names', None)
   if names is None or all(n is None for n in names):
     return value.replace_boxed(tie.view(array))
-  shape = np.shape(array)
   seen = jax.eval_shape(tie.view, array).shape
   out = [None] * len(seen)
   for axis, name in enumerate(names):

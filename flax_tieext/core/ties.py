@@ -121,6 +121,8 @@ BY_PACK_NAME = {
     'vmap': BROADCAST, 'scan': BROADCAST, 'vjp': CLOSE_OVER,
     'jvp': CLOSE_OVER, 'value_and_grad': CLOSE_OVER, 'custom_vjp': CLOSE_OVER,
 }
+# The names of the transforms that reuse their trace (``nn.jit``).
+CACHES_TRACE = frozenset(n for n, s in BY_PACK_NAME.items() if s.caches_trace)
 
 
 def sources_of(name) -> TieSources | None:
@@ -132,12 +134,6 @@ def sources_of(name) -> TieSources | None:
   if isinstance(name, PackSite):
     name = name.name
   return BY_PACK_NAME.get(name) if isinstance(name, str) else None
-
-
-def caches_trace(name: str) -> bool:
-  """Whether the transform that gives ``pack`` ``name`` reuses its trace."""
-  sources = BY_PACK_NAME.get(name)
-  return sources is not None and sources.caches_trace
 
 
 class Lift:
@@ -244,12 +240,11 @@ def declare(scope, ties: Mapping[str, Any], collections: Any = 'params',
 
   ``ties``, ``collections`` and ``in_scan`` are what ``lift.tie`` takes;
   ``stacked``, more such triples declared with them (stacked ``nn.tie``
-  classes). Their records
-  (``tie_spec.absolute``) are returned. ``scope`` is changed in place, as its
-  constructor would have set it. A tie equal to one in force is
-  kept (declaring again is a no-op). The ties in force are checked together
-  at once (for the collections they name), as their union: a tie that gives a
-  target in force another source, or closes a cycle with them, raises a
+  classes). Their records (``tie_spec.absolute``) are returned. ``scope`` is
+  changed in place, as its constructor would have set it. A tie equal to one in
+  force is kept (declaring again is a no-op). The ties in force are checked
+  together at once (for the collections they name), as their union: a tie that
+  gives a target in force another source, or closes a cycle with them, raises a
   ``TieError``.
   """
   records = sum([absolute(t, c, scope.path, in_scan=s)
@@ -1077,8 +1072,8 @@ def check_init(scope, ties: tuple[Tie, ...]):
     for col in names:
       if col not in present and (len(names) == 1 or
                                  tie_errors.did_you_mean(col, present)):
-        raise tie_errors.init_created_no_collection(
-            tie, col, present, held_elsewhere(scope, tie.target, col))
+        raise tie_errors.collection_unknown(
+            tie, col, present, held_elsewhere(scope, tie.target, col), True)
     found = False
     for col in sorted([c for c in present if tie.applies_to(c)]):
       form = found_ties.forms[col]
