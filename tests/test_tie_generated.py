@@ -36,7 +36,7 @@ import pytest
 
 import flax_tieext  # noqa: F401  pylint: disable=unused-import
 
-DEFAULT_PROGRAMS = 12
+DEFAULT_PROGRAMS = 10
 DEEP_PROGRAMS = 150
 
 KINDS = {  # the shared module's body, and its one variable's collection/name
@@ -342,8 +342,9 @@ def _wraps(rng: random.Random) -> str:
   return rng.choice(sorted(WRAPS))
 
 
-def draw(rng: random.Random) -> Program:
-  family = rng.choice(FAMILIES)
+def draw(rng: random.Random, family: str | None = None) -> Program:
+  """A program of ``family`` (drawn when None)."""
+  family = family or rng.choice(FAMILIES)
   if family == 'blocks':
     n = rng.randint(2, 3)
     order = list(range(n))
@@ -505,8 +506,8 @@ def run(seed: int, count: int):
   """
   rng, drawn, start = random.Random(seed), 0, time.process_time()
   checked, families = 0, collections.Counter()
-  while checked < count:
-    program = draw(rng)
+  while checked < count:  # the families in turn, so that each one runs
+    program = draw(rng, FAMILIES[checked % len(FAMILIES)])
     drawn += 1
     if supported(program):
       check(program)
@@ -540,7 +541,9 @@ def _report(count, drawn, seconds, families):
 
 @pytest.mark.needs_patch
 def test_generated_tied_programs_match_one_shared_instance():
-  _report(DEFAULT_PROGRAMS, *run(seed=52, count=DEFAULT_PROGRAMS))
+  # Seed 61's ten programs hold both in_scan, a plain and a partitioned view,
+  # every declaration, two-deep wraps and nn.vjp / nn.jvp.
+  _report(DEFAULT_PROGRAMS, *run(seed=61, count=DEFAULT_PROGRAMS))
 
 
 @pytest.mark.needs_patch
