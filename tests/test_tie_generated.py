@@ -1,26 +1,47 @@
 """Generated tied programs against the same program with one shared instance.
 
-A seeded generator draws tied programs as Python source: a module that
-creates one variable (``params`` from an initializer, ``graph`` drawn from an
-rng, ``batch_stats`` computed from the input, a constant in a custom
-collection), owned by block 0 at depth 0-2 below it, and used by the other
-blocks; the tie declared at the root, inside each later block (an inner tie
-to ``/b_0/...``) or for the one variable; the blocks wrapped in ``nn.remat``,
-``nn.checkpoint``, ``nn.partitioning.remat``, ``nn.jit`` or nothing, called
-directly or through ``nn.vjp`` / ``nn.jvp``, the source's block first or not.
-Each program called directly runs against the same program written in plain Flax with **one shared
-module instance** passed to every block (docs/design.md's reference
-semantics): what ``init`` stores (the source only), ``init_with_output``'s
-output, ``apply``'s output and collections (``mutable=True``, two steps) and
-the gradients of the parameters, all compared on the tied model's variables
-moved where the shared instance stores them. Flax's ``nn.vjp`` / ``nn.jvp``
-take no module passed in as an attribute, so a program calling through them
-is checked against its own ``apply`` (``init_with_output`` returns what
-``apply`` returns, the source alone stored, two steps, gradients). A failure
-prints both programs as Python a person can paste.
+A seeded generator draws tied programs as Python source, in five families:
 
-The default run draws ``DEFAULT_PROGRAMS`` programs; ``--end-to-end``
-(``end_to_end`` marker) ``DEEP_PROGRAMS`` more, from other seeds.
+- ``blocks``: a module that creates one variable (``params`` from an
+  initializer, ``graph`` drawn from an rng, ``batch_stats`` computed from the
+  input, a constant in a custom collection), owned by block 0 at depth 0-2
+  below it, and used by the other blocks; the tie declared at the root,
+  inside each later block (an inner tie to ``/b_0/...``) or for the one
+  variable; the blocks called directly or through ``nn.vjp`` / ``nn.jvp``,
+  the source's block first or not.
+- ``scan``: a stack of 2-3 layers, ``nn.scan`` over ``params`` (reversed or
+  not), each layer using a module tied to a source outside the scan (at the
+  root, for the variable, or inside the layer), ``in_scan`` ``'scanned'``,
+  ``'broadcast'`` or left out. Flax cannot pass a module into ``nn.scan``
+  and broadcast its variables while it scans the layers' own: the reference
+  is the loop the scan computes, written by hand (a Python loop of the layer,
+  the shared instance given to each), the stacked layers moved to it.
+- ``vmap``: a block ``nn.vmap``-ed over the batch (``params`` broadcast).
+- ``cond``: a block calling the shared module (any of the collections above)
+  in one branch of ``nn.cond`` or in both.
+- ``view``: an ``nn.Dense`` head tied to a view of an ``nn.Embed`` table
+  (transpose, scaled, sliced), plain or ``nn.with_partitioning``; the
+  reference is the head written by hand, ``x @ view(emb.embedding)``.
+
+Each block, layer or head is wrapped in ``nn.remat``, ``nn.checkpoint``,
+``nn.partitioning.remat``, ``nn.jit``, nothing or two of them composed
+(``nn.remat(nn.jit(Block))``), and a scan, vmap or cond block the same way
+from outside (a scan inside a remat, a remat inside a vmap). Each program runs
+against the same program written in plain Flax with **one shared module
+instance** passed to every use (docs/design.md's reference semantics): what
+``init`` stores (the source only), ``init_with_output``'s output, ``apply``'s
+output and collections (``mutable=True``, two steps) and the gradients of the
+parameters, all compared on the tied model's variables moved where the
+reference stores them. Flax's ``nn.vjp`` / ``nn.jvp`` take no module passed
+in as an attribute, so a program calling through them is checked against its
+own ``apply`` (``init_with_output`` returns what ``apply`` returns, the
+source alone stored, two steps, gradients). A failure prints both programs
+as Python a person can paste.
+
+The default run draws ``DEFAULT_PROGRAMS`` programs, the families in turn;
+``--end-to-end`` (``end_to_end`` marker) ``DEEP_PROGRAMS`` more, from other
+seeds. ``run(seed, count)`` works outside pytest too and says how many
+programs of each family it checked.
 """
 
 import collections
