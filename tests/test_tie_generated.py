@@ -18,7 +18,7 @@ A seeded generator draws tied programs as Python source, in five families:
   the shared instance given to each), the stacked layers moved to it.
 - ``vmap``: a block ``nn.vmap``-ed over the batch (``params`` broadcast).
 - ``cond``: a block calling the shared module (any of the collections above)
-  in one branch of ``nn.cond`` or in both.
+  in one branch of ``nn.cond`` or in both (then, or not, before the source).
 - ``view``: an ``nn.Dense`` head tied to a view of an ``nn.Embed`` table
   (transpose, scaled, sliced), plain or ``nn.with_partitioning``; the
   reference is the head written by hand, ``x @ view(emb.embedding)``.
@@ -115,6 +115,7 @@ class Program:
   partitioned: bool = False  # view: the embedding nn.with_partitioning
   both: bool = False  # cond: the shared module called in both branches
   after: bool = False  # scan, vmap, cond: the source called again after
+  # scan, vmap, cond: order (1, 0) is the target first, the source after.
 
   @property
   def collection(self) -> str:
@@ -220,8 +221,9 @@ class Program:
 
   def _root(self, call: str) -> list:
     lines = ['class Root(nn.Module):', '  @nn.compact', '  def __call__(self, x):',
-             "    shared = Shared(name='shared')", '    x = shared(x)', call]
-    if self.after:
+             "    shared = Shared(name='shared')"]
+    lines += ['    x = shared(x)', call] if self.order[0] == 0 else [call]
+    if self.after or self.order[0] != 0:  # the target first: the source after
       lines.append('    x = shared(x)')
     return lines + ['    return x', '']
 
@@ -385,6 +387,11 @@ def draw(rng: random.Random, family: str | None = None) -> Program:
   if family == 'cond':  # the wraps go around the block (outer)
     fields.update(kind=rng.choice(sorted(KINDS)), both=rng.random() < 0.5,
                   wraps=('none',))
+    if fields['both'] and rng.random() < 0.3:  # the target first
+      # (Flax's cond initializes a variable only if both branches do; a
+      # target inside nn.scan / nn.vmap that would initialize its source
+      # outside is a TieError, docs/design.md "Writes that cannot land".)
+      fields.update(order=(1, 0))
   if family == 'view':
     fields.update(declared='variable', view=rng.choice(sorted(VIEWS)),
                   partitioned=rng.random() < 0.5)
@@ -550,6 +557,8 @@ def _families(program: Program) -> list:
       program.family != 'blocks' and program.family != 'view'
       and 'none' not in (program.wraps[0], program.outer)):
     out.append('nested')
+  if program.order[0] != 0:
+    out.append('target first')
   out.append(f'declared {program.declared}')
   return out
 
@@ -563,7 +572,7 @@ def _report(count, drawn, seconds, families):
 @pytest.mark.needs_patch
 def test_generated_tied_programs_match_one_shared_instance():
   # Seed 61's ten programs hold both in_scan, a plain and a partitioned view,
-  # every declaration, two-deep wraps and nn.vjp / nn.jvp.
+  # every declaration, two-deep wraps, nn.vjp / nn.jvp, a cond target first.
   _report(DEFAULT_PROGRAMS, *run(seed=61, count=DEFAULT_PROGRAMS))
 
 
