@@ -559,7 +559,8 @@ def apply_view(tie: Tie, value, under=()):
 
   A named axis lands on the one output axis whose size follows its size
   (``jax.eval_shape`` of the view with that axis made longer), or, for a
-  view that only takes the stored shape, where an index along it lands.
+  view that only takes the stored shape or whose output does not show the
+  axis's length (a slice), where its indices land.
   Raises a TieError, naming the variable (``under`` is its path below a
   module tie's source), when the view moves a named axis in a way that
   cannot be followed (e.g. a reshape), rather than keep names that no longer
