@@ -557,7 +557,8 @@ def apply_view(tie: Tie, value, under=()):
 
   A named axis lands on the one output axis whose size follows its size
   (``jax.eval_shape`` of the view with that axis made longer), or, for a
-  view that only takes the stored shape, where an index along it lands.
+  view that only takes the stored shape or whose output does not show the
+  axis's length (a slice), where its indices land.
   Raises a TieError, naming the variable (``under`` is its path below a
   module tie's source), when the view moves a named axis in a way that
   cannot be followed (e.g. a reshape), rather than keep names that no longer
@@ -590,6 +591,8 @@ def _lands(view, array, axis: int, seen) -> int | None:
   except Exception:  # pylint: disable=broad-except
     return _probed(view, shape, axis)  # a view of the stored shape only
   hits = [i for i, (a, b) in enumerate(zip(seen, longer)) if a != b]
+  if not hits:  # its length does not show (a slice): where its indices land
+    return _probed(view, shape, axis)
   if len(longer) == len(seen) and len(hits) == 1 and (
       longer[hits[0]] == size and seen[hits[0]] == shape[axis]):
     return hits[0]
@@ -597,13 +600,21 @@ def _lands(view, array, axis: int, seen) -> int | None:
 
 
 def _probed(view, shape, axis: int) -> int | None:
-  """Where an index along ``axis`` lands, the view applied to JAX arrays."""
-  def index(at, ndim):
-    return jnp.arange(shape[axis]).reshape(
-        [-1 if i == at else 1 for i in range(ndim)])
+  """Where an index along ``axis`` lands, the view applied to JAX arrays.
+
+  The one output axis that the index varies along, each index at most once
+  (the axis permuted, sliced, flipped or gathered; a reshape repeats them).
+  """
   with jax.ensure_compile_time_eval():
-    moved = view(jnp.broadcast_to(index(axis, len(shape)), shape))
-    hits = [i for i in range(moved.ndim) if moved.shape[i] == shape[axis]
-            and bool(jnp.array_equal(moved, jnp.broadcast_to(
-                index(i, moved.ndim), moved.shape)))]
+    index = jnp.arange(shape[axis]).reshape(
+        [-1 if i == axis else 1 for i in range(len(shape))])
+    moved = jnp.asarray(view(jnp.broadcast_to(index, shape)))
+    hits = []
+    for i in range(moved.ndim):
+      line = moved[tuple(slice(None) if j == i else slice(0, 1)
+                         for j in range(moved.ndim))]
+      if moved.shape[i] > 1 and bool(
+          jnp.array_equal(moved, jnp.broadcast_to(line, moved.shape))) and (
+              jnp.unique(line).size == line.size):
+        hits.append(i)
   return hits[0] if len(hits) == 1 else None
