@@ -51,6 +51,7 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
     Lift as _Lift,
     PackSite,
     TieSources,
+    _init_runs,
     counters_now,
     in_force,
     lift_record as _lift,
@@ -386,10 +387,18 @@ class Packed:
       return variable_groups
     return _Keyed(variable_groups, self.key)
 
-  def wrap(self, scope_fn, repack_fn):
-    """``(scope_fn, repack_fn)`` of the scopes packed, for the given tree."""
+  def wrap(self, scope_fn, repack_fn, publish_fn):
+    """``(scope_fn, repack_fn, publish_fn)`` of the scopes packed, for the
+    given tree.
+
+    Where the trace is reused, what an ``init``'s trace learned of the targets
+    inside (which resolved to their source, which ran first: ``route``)
+    leaves it in its output's tree, relative to the scopes packed, so that a
+    call that reuses the trace at other scopes learns it for its own.
+    """
     reals, treedef, extra = self.reals, self.treedef, self.extra
     n = treedef.num_leaves
+    learned = [set(), set()] if self.key is not None else None
     # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
@@ -406,6 +415,8 @@ class Packed:
         variable_groups = variable_groups.groups
       inner = scope_fn(variable_groups, *args, **kwargs)
       _link(reals, inner, self.name, self.outer, self.kinds, n)
+      if learned is not None:  # what the trace, if one follows, adds
+        learned[:] = map(set, _learned(self.outer[0]))
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = counters_now(start)
@@ -425,9 +436,30 @@ class Packed:
       for inner_scope in inner if extra else ():
         for col in _borrowed(inner_scope):  # its source repacks them
           del inner_scope._variables[col]
-      return repack_fn(inner)
+      out = repack_fn(inner)
+      if learned is None:
+        return out
+      facts = tuple(frozenset(
+          (i, t[len(s.path):], c) for t, c in now - before
+          for i, s in enumerate(self.outer) if is_within(t, s.path))
+                    for now, before in zip(_learned(self.outer[0]), learned))
+      return _Keyed(out, facts) if any(facts) else out
 
-    return tied_scope_fn, tied_repack_fn
+    def tied_publish_fn(out):
+      if isinstance(out, _Keyed):
+        for now, facts in zip(_learned(self.outer[0]), out.key):
+          now.update((self.outer[i].path + t, c) for i, t, c in facts)
+        out = out.groups
+      return publish_fn(out)
+
+    return tied_scope_fn, tied_repack_fn, tied_publish_fn
+
+
+def _learned(scope) -> tuple[set, set]:
+  """The init's ``(used, first)`` sets (``ties.route`` adds to them)."""
+  found, runs = in_force(scope), _init_runs()
+  return (found.log.used if found is not None and found.log else set(),
+          runs[-1].first if runs else set())
 
 
 def _stacked(variable_groups, indices, call: ScanCall):
