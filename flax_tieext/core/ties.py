@@ -1138,13 +1138,12 @@ def _ran_first(scope, tie: Tie, col: str, copy, source, first):
   """The source's values (viewed) where the target ran first without them.
 
   The target ran first where its use found no source (``first``, recorded by
-  :func:`route`), or, in a trace that ``nn.jit`` replays without running
-  Python, where its entry precedes the source's below their common ancestor
-  (Flax adds a scope's entry at its first write). Its copy then matters
+  :func:`route`; a trace that ``nn.jit`` replays hands it on, see
+  ``tie_lift.Packed.wrap``). Its copy then matters
   where its values differ from the source's (through the view); traced
   values cannot be compared, and count as differing. None otherwise.
   """
-  if (tie.target, col) not in first and not _entered_first(scope, tie, col):
+  if (tie.target, col) not in first:
     return None
   seen = apply_views(tie, source)
   flat = dict(flatten(seen))
@@ -1155,21 +1154,6 @@ def _ran_first(scope, tie: Tie, col: str, copy, source, first):
          for a, b in pairs):
     return None
   return seen
-
-
-def _entered_first(scope, tie: Tie, col: str) -> bool:
-  """Whether the target's entry precedes its source's where their paths part."""
-  target, at = tie.target, 0
-  while at < min(len(target), len(tie.source)) and (
-      target[at] == tie.source[at]):
-    at += 1
-  parent = stored(scope, target[:at], col)
-  if (at == len(target) or at == len(tie.source) or not isinstance(
-      parent, Mapping) or tie.source[at] not in parent
-      or target[at] not in parent):  # (none yet: the target wrote later)
-    return False
-  names = list(parent)
-  return names.index(target[at]) < names.index(tie.source[at])
 
 
 def _refuse_untied(scope, tie: Tie, present):
