@@ -51,9 +51,9 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
     Lift as _Lift,
     PackSite,
     TieSources,
-    _init_runs,
     counters_now,
     in_force,
+    learned as _learned,
     lift_record as _lift,
     locate,
     reach,
@@ -388,17 +388,12 @@ class Packed:
     return _Keyed(variable_groups, self.key)
 
   def wrap(self, scope_fn, repack_fn, publish_fn):
-    """``(scope_fn, repack_fn, publish_fn)`` of the scopes packed, for the
-    given tree.
-
-    Where the trace is reused, what an ``init``'s trace learned of the targets
-    inside (which resolved to their source, which ran first: ``route``)
-    leaves it in its output's tree, relative to the scopes packed, so that a
-    call that reuses the trace at other scopes learns it for its own.
-    """
+    """``pack``'s three functions of the scopes packed, for the given tree;
+    what a reused trace learned at ``init`` (``ties.learned``) leaves it in
+    its output's tree, relative to the scopes packed: each call records it."""
     reals, treedef, extra = self.reals, self.treedef, self.extra
     n = treedef.num_leaves
-    learned = [set(), set()] if self.key is not None else None
+    before = [set(), set()]  # the init's records when a trace starts
     # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
@@ -415,8 +410,7 @@ class Packed:
         variable_groups = variable_groups.groups
       inner = scope_fn(variable_groups, *args, **kwargs)
       _link(reals, inner, self.name, self.outer, self.kinds, n)
-      if learned is not None:  # what the trace, if one follows, adds
-        learned[:] = map(set, _learned(self.outer[0]))
+      before[:] = map(set, _learned(self.outer[0]))
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = counters_now(start)
@@ -436,14 +430,12 @@ class Packed:
       for inner_scope in inner if extra else ():
         for col in _borrowed(inner_scope):  # its source repacks them
           del inner_scope._variables[col]
-      out = repack_fn(inner)
-      if learned is None:
-        return out
+      out, outer = repack_fn(inner), self.outer
       facts = tuple(frozenset(
-          (i, t[len(s.path):], c) for t, c in now - before
-          for i, s in enumerate(self.outer) if is_within(t, s.path))
-                    for now, before in zip(_learned(self.outer[0]), learned))
-      return _Keyed(out, facts) if any(facts) else out
+          (i, t[len(s.path):], c) for t, c in now - was
+          for i, s in enumerate(outer) if is_within(t, s.path))
+                    for now, was in zip(_learned(outer[0]), before))
+      return _Keyed(out, facts) if self.key and any(facts) else out
 
     def tied_publish_fn(out):
       if isinstance(out, _Keyed):
@@ -453,13 +445,6 @@ class Packed:
       return publish_fn(out)
 
     return tied_scope_fn, tied_repack_fn, tied_publish_fn
-
-
-def _learned(scope) -> tuple[set, set]:
-  """The init's ``(used, first)`` sets (``ties.route`` adds to them)."""
-  found, runs = in_force(scope), _init_runs()
-  return (found.log.used if found is not None and found.log else set(),
-          runs[-1].first if runs else set())
 
 
 def _stacked(variable_groups, indices, call: ScanCall):

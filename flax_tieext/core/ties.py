@@ -488,10 +488,11 @@ def check_deferred(root):
     _check_copy_of(root, tie, col, sources, set())
 
 
-def _used(scope) -> set:
-  """The ``used`` set of the init ``scope`` is part of (empty outside one)."""
-  found = in_force(scope)
-  return found.log.used if found is not None and found.log else set()
+def learned(scope) -> tuple[set, set]:
+  """The init's ``(used, first)`` (:func:`route`; empty outside one)."""
+  found, runs = in_force(scope), _init_runs()
+  return (found.log.used if found is not None and found.log else set(),
+          runs[-1].first if runs else set())
 
 
 def _near(scope, path: Path, col: str | None) -> str:
@@ -570,10 +571,8 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
       return Refused.READ_ONLY
     if not found and not write and not scope.is_mutable_collection(col):
       return Refused.NOT_STORED
-  if found:
-    _used(scope).add((tie.target, col))
-  elif copy and _init_runs():
-    _init_runs()[-1].first.add((tie.target, col))
+  if found or copy:  # (as used, or as run first)
+    learned(scope)[not found].add((tie.target, col))
   return COPY if copy else SOURCE
 
 
@@ -1070,7 +1069,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
   declared = {id(t): t for t in [
       *ties, *[t for t in found_ties.declared if t.declared_at == path]]}
   present = visible_collections(scope)
-  used = _used(scope)
+  used = learned(scope)[0]
   sources = {}  # source path -> reach(scope, path): each looked up once
   for tie in declared.values():
     names = named_collections(tie.collections)
