@@ -288,8 +288,10 @@ def _partial_pack(pack):
     scope_fn, repack_fn, variable_groups, *rest = pack(
         tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
         name)
-    return (*tied.wrap(scope_fn, repack_fn), tied.keyed(variable_groups),
-            *rest)
+    *rest, publish_fn = rest
+    scope_fn, repack_fn, publish_fn = tied.wrap(scope_fn, repack_fn, publish_fn)
+    return (scope_fn, repack_fn, tied.keyed(variable_groups), *rest,
+            publish_fn)
   return tied_partial_pack
 
 

@@ -53,6 +53,7 @@ from flax_tieext.core.ties import (  # pylint: disable=unused-import
     TieSources,
     counters_now,
     in_force,
+    learned as _learned,
     lift_record as _lift,
     locate,
     reach,
@@ -386,10 +387,13 @@ class Packed:
       return variable_groups
     return _Keyed(variable_groups, self.key)
 
-  def wrap(self, scope_fn, repack_fn):
-    """``(scope_fn, repack_fn)`` of the scopes packed, for the given tree."""
+  def wrap(self, scope_fn, repack_fn, publish_fn):
+    """``pack``'s three functions of the scopes packed, for the given tree;
+    what a reused trace learned at ``init`` (``ties.learned``) leaves it in
+    its output's tree, relative to the scopes packed: each call records it."""
     reals, treedef, extra = self.reals, self.treedef, self.extra
     n = treedef.num_leaves
+    before = [set(), set()]  # the init's records when a trace starts
     # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
@@ -406,6 +410,7 @@ class Packed:
         variable_groups = variable_groups.groups
       inner = scope_fn(variable_groups, *args, **kwargs)
       _link(reals, inner, self.name, self.outer, self.kinds, n)
+      before[:] = map(set, _learned(self.outer[0]))
       for start, inner_scope in zip(counters, inner):
         if calls and start is not None:
           inner_scope.rng_counters = counters_now(start)
@@ -425,9 +430,21 @@ class Packed:
       for inner_scope in inner if extra else ():
         for col in _borrowed(inner_scope):  # its source repacks them
           del inner_scope._variables[col]
-      return repack_fn(inner)
+      out, outer = repack_fn(inner), self.outer
+      facts = tuple(frozenset(
+          (i, t[len(s.path):], c) for t, c in now - was
+          for i, s in enumerate(outer) if is_within(t, s.path))
+                    for now, was in zip(_learned(outer[0]), before))
+      return _Keyed(out, facts) if self.key and any(facts) else out
 
-    return tied_scope_fn, tied_repack_fn
+    def tied_publish_fn(out):
+      if isinstance(out, _Keyed):
+        for now, facts in zip(_learned(self.outer[0]), out.key):
+          now.update((self.outer[i].path + t, c) for i, t, c in facts)
+        out = out.groups
+      return publish_fn(out)
+
+    return tied_scope_fn, tied_repack_fn, tied_publish_fn
 
 
 def _stacked(variable_groups, indices, call: ScanCall):

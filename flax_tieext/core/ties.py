@@ -483,10 +483,11 @@ def check_deferred(root):
     _check_copy_of(root, tie, col, sources, set())
 
 
-def _used(scope) -> set:
-  """The ``used`` set of the init ``scope`` is part of (empty outside one)."""
-  found = in_force(scope)
-  return found.log.used if found is not None and found.log else set()
+def learned(scope) -> tuple[set, set]:
+  """The init's ``(used, first)`` (:func:`route`; empty outside one)."""
+  found, runs = in_force(scope), _init_runs()
+  return (found.log.used if found is not None and found.log else set(),
+          runs[-1].first if runs else set())
 
 
 def _near(scope, path: Path, col: str | None) -> str:
@@ -565,10 +566,8 @@ def route(scope, tie: Tie, col: str, *, write: bool, given: bool,
       return Refused.READ_ONLY
     if not found and not write and not scope.is_mutable_collection(col):
       return Refused.NOT_STORED
-  if found:
-    _used(scope).add((tie.target, col))
-  elif copy and _init_runs():
-    _init_runs()[-1].first.add((tie.target, col))
+  if found or copy:  # (as used, or as run first)
+    learned(scope)[not found].add((tie.target, col))
   return COPY if copy else SOURCE
 
 
@@ -1065,7 +1064,7 @@ def check_init(scope, ties: tuple[Tie, ...]):
   declared = {id(t): t for t in [
       *ties, *[t for t in found_ties.declared if t.declared_at == path]]}
   present = visible_collections(scope)
-  used = _used(scope)
+  used = learned(scope)[0]
   sources = {}  # source path -> reach(scope, path): each looked up once
   for tie in declared.values():
     names = named_collections(tie.collections)
@@ -1133,13 +1132,12 @@ def _ran_first(scope, tie: Tie, col: str, copy, source, first):
   """The source's values (viewed) where the target ran first without them.
 
   The target ran first where its use found no source (``first``, recorded by
-  :func:`route`), or, in a trace that ``nn.jit`` replays without running
-  Python, where its entry precedes the source's below their common ancestor
-  (Flax adds a scope's entry at its first write). Its copy then matters
+  :func:`route`; a trace that ``nn.jit`` replays hands it on, see
+  ``tie_lift.Packed.wrap``). Its copy then matters
   where its values differ from the source's (through the view); traced
   values cannot be compared, and count as differing. None otherwise.
   """
-  if (tie.target, col) not in first and not _entered_first(scope, tie, col):
+  if (tie.target, col) not in first:
     return None
   seen = apply_views(tie, source)
   flat = dict(flatten(seen))
@@ -1150,21 +1148,6 @@ def _ran_first(scope, tie: Tie, col: str, copy, source, first):
          for a, b in pairs):
     return None
   return seen
-
-
-def _entered_first(scope, tie: Tie, col: str) -> bool:
-  """Whether the target's entry precedes its source's where their paths part."""
-  target, at = tie.target, 0
-  while at < min(len(target), len(tie.source)) and (
-      target[at] == tie.source[at]):
-    at += 1
-  parent = stored(scope, target[:at], col)
-  if (at == len(target) or at == len(tie.source) or not isinstance(
-      parent, Mapping) or tie.source[at] not in parent
-      or target[at] not in parent):  # (none yet: the target wrote later)
-    return False
-  names = list(parent)
-  return names.index(target[at]) < names.index(tie.source[at])
 
 
 def _refuse_untied(scope, tie: Tie, present):
