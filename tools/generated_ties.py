@@ -56,6 +56,21 @@ def main(argv=None):
   start, cpu = time.time(), 0.0
   checked, drawn, families_seen = 0, 0, collections.Counter()
   failures = []
+  import flax  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def record():  # written after each seed: a run cut short leaves its count
+    return {
+        'flax': flax.__version__, 'jax': jax.__version__,
+        'python': platform.python_version(), 'processes': args.processes,
+        'seeds': [seeds.start, seeds.stop - 1], 'programs_per_seed': args.chunk,
+        'checked': checked, 'drawn': drawn,
+        # a program counts in each family it belongs to (test_tie_generated)
+        'families': dict(sorted(families_seen.items())),
+        'checking_cpu_s': round(cpu, 1), 'wall_s': round(time.time() - start, 1),
+        'seeds_with_a_difference': len(failures), 'failures': failures,
+    }
+
   context = multiprocessing.get_context('spawn')
   with concurrent.futures.ProcessPoolExecutor(args.processes, mp_context=context) as pool:
     for seed, n, seconds, families, failure in pool.map(
@@ -63,23 +78,13 @@ def main(argv=None):
       if failure is not None:
         failures.append({'seed': seed, 'failure': failure})
         print(f'seed {seed}: a difference\n{failure}', flush=True)
-        continue
-      checked, drawn, cpu = checked + args.chunk, drawn + n, cpu + seconds
-      families_seen.update(families)
-      print(f'seed {seed}: {args.chunk} checked of {n} drawn, {seconds:.1f}'
-            f' CPU-s; {checked} so far, {time.time() - start:.0f} s', flush=True)
-  import flax  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  record = {
-      'flax': flax.__version__, 'jax': jax.__version__,
-      'python': platform.python_version(), 'processes': args.processes,
-      'seeds': [seeds.start, seeds.stop - 1], 'programs_per_seed': args.chunk,
-      'checked': checked, 'drawn': drawn,
-      # a program counts in each family it belongs to (test_tie_generated)
-      'families': dict(sorted(families_seen.items())),
-      'checking_cpu_s': round(cpu, 1), 'wall_s': round(time.time() - start, 1),
-      'seeds_with_a_difference': len(failures), 'failures': failures,
-  }
+      else:
+        checked, drawn, cpu = checked + args.chunk, drawn + n, cpu + seconds
+        families_seen.update(families)
+        print(f'seed {seed}: {args.chunk} checked of {n} drawn, {seconds:.1f}'
+              f' CPU-s; {checked} so far, {time.time() - start:.0f} s', flush=True)
+      args.json.write_text(json.dumps(record(), indent=1) + '\n')
+  record = record()
   args.json.write_text(json.dumps(record, indent=1) + '\n')
   print(json.dumps({k: v for k, v in record.items() if k != 'failures'}))
   return 1 if failures else 0
