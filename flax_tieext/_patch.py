@@ -285,13 +285,13 @@ def _partial_pack(pack):
       scope_fn, *rest = pack(scope_tree, in_variable_filters,
                              out_variable_filters, rng_filters, name)
       return (ties.linked(scope_fn, scope_tree, label), *rest)
-    scope_fn, repack_fn, variable_groups, *rest = pack(
+    # (Flax 0.8 returns invalidate_scopes_fn after publish_results_fn.)
+    scope_fn, repack_fn, variable_groups, rng_groups, publish_fn, *rest = pack(
         tied.scopes, in_variable_filters, out_variable_filters, rng_filters,
         name)
-    *rest, publish_fn = rest
     scope_fn, repack_fn, publish_fn = tied.wrap(scope_fn, repack_fn, publish_fn)
-    return (scope_fn, repack_fn, tied.keyed(variable_groups), *rest,
-            publish_fn)
+    return (scope_fn, repack_fn, tied.keyed(variable_groups), rng_groups,
+            publish_fn, *rest)
   return tied_partial_pack
 
 
