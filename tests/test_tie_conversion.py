@@ -502,6 +502,8 @@ class PartitionedHeadLM(nn.Module):
   """An embedding and a head; ``view`` writes the head by hand from it."""
 
   view: object = None
+  features: int = 11  # the head's (a slice of the table's 11 rows)
+  remat: bool = False  # the head in nn.remat
 
   @nn.compact
   def __call__(self, tokens):
@@ -510,7 +512,8 @@ class PartitionedHeadLM(nn.Module):
     x = jnp.tanh(embed(tokens))
     if self.view is not None:  # plain Flax: the head computed from the table
       return x @ self.view(embed.embedding)
-    return nn.Dense(11, use_bias=False, kernel_init=nn.with_partitioning(
+    dense = nn.remat(nn.Dense) if self.remat else nn.Dense
+    return dense(self.features, use_bias=False, kernel_init=nn.with_partitioning(
         nn.initializers.normal(1.0), ('embed', 'vocab')), name='head')(x)
 
 
@@ -531,22 +534,6 @@ def test_a_view_of_a_partitioned_parameter_is_applied_to_jax_arrays(view):
       'embedding'].unbox()))
 
 
-class SlicedHeadLM(nn.Module):
-  """A head over the first 8 of 11 tokens: a slice of the partitioned table."""
-
-  by_hand: bool = False
-
-  @nn.compact
-  def __call__(self, tokens):
-    embed = nn.Embed(11, D, embedding_init=nn.with_partitioning(
-        nn.initializers.normal(1.0), ('vocab', 'embed')), name='embed')
-    x = jnp.tanh(embed(tokens))
-    if self.by_hand:
-      return x @ embed.embedding[:8].T
-    return nn.remat(nn.Dense)(8, use_bias=False, kernel_init=nn.with_partitioning(
-        nn.initializers.normal(1.0), ('embed', 'vocab')), name='head')(x)
-
-
 @pytest.mark.needs_patch
 def test_a_sliced_view_of_a_partitioned_parameter_keeps_the_sliced_axis_name():
   """Found by tests/test_tie_generated.py: a slice of the named axis was refused.
@@ -554,11 +541,12 @@ def test_a_sliced_view_of_a_partitioned_parameter_keeps_the_sliced_axis_name():
   Its length does not show in the view's output (``e[:8]`` of a longer
   table is as long), so where it lands is read from where its indices land.
   """
-  ties = {'head/kernel': ('embed/embedding', lambda e: e[:8].T)}
+  view = lambda e: e[:8].T  # the head over the first 8 of 11 tokens
+  ties = {'head/kernel': ('embed/embedding', view)}
   tokens = jnp.array([[1, 2, 3]])
-  tied = nn.tie(SlicedHeadLM, ties)()
+  tied = nn.tie(PartitionedHeadLM, ties)(features=8, remat=True)
   y, variables = tied.init_with_output(jax.random.key(0), tokens)
-  by_hand = SlicedHeadLM(by_hand=True)
+  by_hand = PartitionedHeadLM(view)
   assert_close(y, by_hand.apply(variables, tokens))
   assert_close(tied.apply(variables, tokens), by_hand.apply(variables, tokens))
   head = flax_tieext.untie_variables(variables, ties)['params']['head']['kernel']
