@@ -1101,10 +1101,10 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       source = None
     sources[key] = source, crossed, None
   source, crossed, flat = sources[key]
+  inside = declared_inside(tie, col, crossed)  # (met before its source too)
+  if inside is not None:
+    raise tie_errors.declared_inside(tie, col, scope.path_text, inside.name)
   if source is not None:
-    inside = declared_inside(tie, col, crossed)
-    if inside is not None:
-      raise tie_errors.declared_inside(tie, col, scope.path_text, inside.name)
     if flat is None and tie.view is None:  # flattened once per source
       flat = dict(flatten(source))
       sources[key] = source, crossed, flat
