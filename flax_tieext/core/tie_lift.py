@@ -442,10 +442,9 @@ class Packed:
     def tied_publish_fn(out):
       if isinstance(out, _Keyed):
         (traced, facts), out = out.key, out.groups
-        moved = functools.partial(_moved, tuple(zip(traced, (
-            s.path for s in self.outer))))
+        rebase = tuple(zip(traced, (s.path for s in self.outer)))
         for now, new in zip(_learned(self.outer[0]), facts):
-          now.update((moved(t), c) for t, c in new)
+          now.update((_moved(rebase, t), c) for t, c in new)
       return publish_fn(out)
 
     return tied_scope_fn, tied_repack_fn, tied_publish_fn
