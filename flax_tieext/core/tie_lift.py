@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import contextvars
+import dataclasses
 import functools
 import inspect
 import weakref
@@ -389,11 +390,12 @@ class Packed:
 
   def wrap(self, scope_fn, repack_fn, publish_fn):
     """``pack``'s three functions of the scopes packed, for the given tree;
-    what a reused trace learned at ``init`` (``ties.learned``) leaves it in
-    its output's tree, relative to the scopes packed: each call records it."""
+    what a reused trace learned at ``init`` (``ties.learned``: uses, targets
+    run first, checks deferred) leaves it in its output's tree, with the
+    scopes' paths it was traced at: each call records it at its own."""
     reals, treedef, extra = self.reals, self.treedef, self.extra
     n = treedef.num_leaves
-    before = [set(), set()]  # the init's records when a trace starts
+    before = [set(), set(), set()]  # the init's records when a trace starts
     # A target initializing its copy draws from a fresh params counter of its
     # source's streams (ties.share_rngs); each branch of cond/switch builds
     # its inner scopes anew and must draw what the first one draws.
@@ -430,21 +432,31 @@ class Packed:
       for inner_scope in inner if extra else ():
         for col in _borrowed(inner_scope):  # its source repacks them
           del inner_scope._variables[col]
-      out, outer = repack_fn(inner), self.outer
+      out, paths = repack_fn(inner), tuple(s.path for s in self.outer)
       facts = tuple(frozenset(
-          (i, t[len(s.path):], c) for t, c in now - was
-          for i, s in enumerate(outer) if is_within(t, s.path))
-                    for now, was in zip(_learned(outer[0]), before))
-      return _Keyed(out, facts) if self.key and any(facts) else out
+          (t, c) for t, c in now - was if any(is_within(
+              getattr(t, 'target', t), p) for p in paths))  # (a path, a Tie)
+                    for now, was in zip(_learned(self.outer[0]), before))
+      return _Keyed(out, (paths, facts)) if self.key and any(facts) else out
 
     def tied_publish_fn(out):
       if isinstance(out, _Keyed):
-        for now, facts in zip(_learned(self.outer[0]), out.key):
-          now.update((self.outer[i].path + t, c) for i, t, c in facts)
-        out = out.groups
+        (traced, facts), out = out.key, out.groups
+        rebase = tuple(zip(traced, (s.path for s in self.outer)))
+        for now, new in zip(_learned(self.outer[0]), facts):
+          now.update((_moved(rebase, t), c) for t, c in new)
       return publish_fn(out)
 
     return tied_scope_fn, tied_repack_fn, tied_publish_fn
+
+
+def _moved(rebase, x):
+  """Path or tie ``x`` with what lies in a scope moved: ``(old, new)`` paths."""
+  if not isinstance(x, tuple):  # a Tie: its target, source and declaration
+    return dataclasses.replace(x, **{f: _moved(rebase, getattr(x, f)) for f in (
+        'target', 'source', 'declared_at')})
+  return next((new + x[len(old):] for old, new in rebase
+               if is_within(x, old)), x)
 
 
 def _stacked(variable_groups, indices, call: ScanCall):

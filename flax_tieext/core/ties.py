@@ -403,7 +403,7 @@ class InitRun:
     self.seeds: list[tuple[Tie, str, Any, Any]] = []
     # Copies whose source, outside the declaring module, had not run when
     # its call returned: checked when the init's function returns.
-    self.deferred: list[tuple[Tie, str]] = []
+    self.deferred: set[tuple[Tie, str]] = set()
 
 
 _INIT_RUNS = threading.local()
@@ -477,17 +477,18 @@ def check_deferred(root):
   runs = _init_runs()
   if not runs or not runs[-1].deferred:
     return
-  deferred, runs[-1].deferred = runs[-1].deferred, []
+  deferred, runs[-1].deferred = runs[-1].deferred, set()
   sources = {}
-  for tie, col in deferred:
+  for tie, col in sorted(deferred, key=lambda d: (d[0].target, d[1])):
     _check_copy_of(root, tie, col, sources, set())
 
 
-def learned(scope) -> tuple[set, set]:
-  """The init's ``(used, first)`` (:func:`route`; empty outside one)."""
+def learned(scope) -> tuple[set, set, set]:
+  """The init's ``(used, first, deferred)`` (:func:`route`,
+  :func:`check_init`; empty outside one)."""
   found, runs = in_force(scope), _init_runs()
   return (found.log.used if found is not None and found.log else set(),
-          runs[-1].first if runs else set())
+          *((runs[-1].first, runs[-1].deferred) if runs else (set(), set())))
 
 
 def _near(scope, path: Path, col: str | None) -> str:
@@ -1100,10 +1101,10 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
       source = None
     sources[key] = source, crossed, None
   source, crossed, flat = sources[key]
+  inside = declared_inside(tie, col, crossed)  # (met before its source too)
+  if inside is not None:
+    raise tie_errors.declared_inside(tie, col, scope.path_text, inside.name)
   if source is not None:
-    inside = declared_inside(tie, col, crossed)
-    if inside is not None:
-      raise tie_errors.declared_inside(tie, col, scope.path_text, inside.name)
     if flat is None and tie.view is None:  # flattened once per source
       flat = dict(flatten(source))
       sources[key] = source, crossed, flat
@@ -1119,7 +1120,7 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
   elif not isinstance(copy, Mapping) or copy:
     runs = _init_runs()
     if runs and not is_within(tie.source, scope.path):  # it may run later
-      runs[-1].deferred.append((tie, col))
+      runs[-1].deferred.add((tie, col))
       return True
     raise tie_errors.source_missing_at_init(tie, col,
                                             _near(scope, tie.source, col))
