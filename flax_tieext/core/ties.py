@@ -709,8 +709,8 @@ def _own(scope, col: str, first: Tie | None, seen, landing=None):
   fresh = (FirstCopy(first, col, landing=landing, later=later)
            if first or landing or later is not None else {})
   _fill(fresh, seen)
-  if later is not None:
-    later.append(store)
+  if later is not None:  # (the parent resolved now: a target records its use)
+    later.append(store), scope.parent._collection(col)
   scope._variables[col] = fresh if later is not None else store()
   return scope._variables[col]
 
