@@ -687,16 +687,10 @@ def _given(scope, col: str) -> bool:
 
 
 def _own(scope, col: str, first: Tie | None, seen, landing=None):
-  """The scope's own dict of ``col``, starting as ``seen``: a copy.
-
-  With ``first``, the tie of a target whose source does not exist yet, the
-  copy is stored where Flax creates the scope's dict, and refuses a second
-  write of a name (:class:`FirstCopy`). A copy of a source that exists is
-  stored at the target's first write of a variable of its own (``landing``
-  refuses a write of the source's, a closed-over value, as at ``apply``): one
-  that holds the source's values alone is no part of the variables a lifted
-  transform returns (``nn.cond``'s branches return alike), as one shared
-  module creates nothing there.
+  """The scope's own dict of ``col``, a copy of ``seen``, stored where Flax
+  stores it: at once with ``first`` (:class:`FirstCopy`), else at the target's
+  first write of its own (so a lifted transform, ``nn.cond``'s branches,
+  returns no copy holding the source's values alone, as one shared module).
   """
   def store():
     if scope.parent is None:
@@ -722,16 +716,15 @@ class FirstCopy(dict):
   lost with the copy, and raises the tie's TieError: the source does not
   exist yet to take it (the target runs first), or, with ``landing``, it is
   a closed-over value of a transform the target is inside (the error
-  ``landing`` gives, as at ``apply``). With ``later``, a copy of a source that
-  exists, the first write of a variable stores the copy (:func:`_own`). A
+  ``landing`` gives, as at ``apply``); ``later`` stores it (:func:`_own`). A
   submodule's dict, which Flax adds empty, is one too.
   """
 
   def __init__(self, tie: Tie | None, col: str, at: Path = (), landing=None,
                later=None):
     super().__init__()
-    self.tie, self.col, self.at, self.later = tie, col, at, later
-    self.landing = landing
+    self.tie, self.col, self.at, self.landing, self.later = (tie, col, at,
+                                                             landing, later)
 
   def __setitem__(self, name, value):
     if isinstance(value, Mapping):
