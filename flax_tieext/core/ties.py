@@ -659,12 +659,10 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
     raise refused(scope, tie, col, how, write=write, crossed=crossed)
   seen = node if tie.view is None else apply_views(tie, node)
   if how == COPY:  # dropped by check_init
-    own = _own(scope, col, None if node else tie, landing=(
+    return _own(scope, col, None if node else tie, seen, landing=(
         (lambda: refused(scope, tie, col, Refused.CANNOT_LAND, write=True,
                          crossed=crossed))
         if node and crossed and col != 'params' else None))
-    _fill(own, seen)
-    return own
   if crossed or tie.view is not None:  # a closed-over value, or a view:
     return freeze(seen) if crossed else seen  # never cached
   if write:
@@ -689,23 +687,27 @@ def _given(scope, col: str) -> bool:
   return bool(stored(scope, scope.path, col))
 
 
-def _own(scope, col: str, first: Tie | None = None, landing=None):
-  """The scope's own dict of ``col``, created where Flax creates it.
-
-  With ``first``, the tie of a target whose source does not exist yet, or
-  ``landing``, the error of a write to a source that is a closed-over value:
-  a dict created now refuses a second write of a name (:class:`FirstCopy`).
+def _own(scope, col: str, first: Tie | None, seen, landing=None):
+  """The scope's own dict of ``col``, a copy of ``seen``, stored where Flax
+  stores it: at once with ``first`` (:class:`FirstCopy`), else at the target's
+  first write of its own (so a lifted transform, ``nn.cond``'s branches,
+  returns no copy holding the source's values alone, as one shared module).
   """
-  fresh = (FirstCopy(first, col) if first is not None else
-           FirstCopy(None, col, landing=landing) if landing else {})
-  if scope.parent is None:
-    return scope._variables.setdefault(col, fresh)
-  parent = scope.parent._mutable_collection(col)
-  if isinstance(parent, TiedNames):  # the copy is the parent's own entry
-    parent = parent.own
-  own = parent.setdefault(scope.name, fresh)
-  scope._variables[col] = own
-  return own
+  def store():
+    if scope.parent is None:
+      return scope._variables.setdefault(col, fresh)
+    parent = scope.parent._mutable_collection(col)
+    if isinstance(parent, TiedNames):  # the copy is the parent's own entry
+      parent = parent.own
+    return parent.setdefault(scope.name, fresh)
+  later = [] if first is None and scope.parent is not None else None
+  fresh = (FirstCopy(first, col, landing=landing, later=later)
+           if first or landing or later is not None else {})
+  _fill(fresh, seen)
+  if later is not None:  # (the parent resolved now: a target records its use)
+    later.append(store), scope.parent._collection(col)
+  scope._variables[col] = fresh if later is not None else store()
+  return scope._variables[col]
 
 
 class FirstCopy(dict):
@@ -715,20 +717,26 @@ class FirstCopy(dict):
   lost with the copy, and raises the tie's TieError: the source does not
   exist yet to take it (the target runs first), or, with ``landing``, it is
   a closed-over value of a transform the target is inside (the error
-  ``landing`` gives, as at ``apply``). A submodule's dict, which Flax adds
-  empty, is one too.
+  ``landing`` gives, as at ``apply``); ``later`` stores it (:func:`_own`). A
+  submodule's dict, which Flax adds empty, is one too.
   """
 
-  def __init__(self, tie: Tie | None, col: str, at: Path = (), landing=None):
+  def __init__(self, tie: Tie | None, col: str, at: Path = (), landing=None,
+               later=None):
     super().__init__()
-    self.tie, self.col, self.at, self.landing = tie, col, at, landing
+    self.tie, self.col, self.at, self.landing, self.later = (tie, col, at,
+                                                             landing, later)
 
   def __setitem__(self, name, value):
-    if name in self and not isinstance(value, Mapping):
+    if isinstance(value, Mapping):
+      if type(value) is dict and not value:
+        value = FirstCopy(self.tie, self.col, self.at + (name,), self.landing,
+                          self.later)
+    elif name in self and (self.tie or self.landing):
       raise (self.landing() if self.landing else tie_errors.written_before_source(
           self.tie, self.col, self.at + (name,)))
-    if type(value) is dict and not value:
-      value = FirstCopy(self.tie, self.col, self.at + (name,), self.landing)
+    elif self.later:
+      self.later.pop()()
     super().__setitem__(name, value)
 
 
