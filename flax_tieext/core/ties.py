@@ -700,12 +700,16 @@ def _own(scope, col: str, first: Tie | None, seen, landing=None):
     if isinstance(parent, TiedNames):  # the copy is the parent's own entry
       parent = parent.own
     return parent.setdefault(scope.name, fresh)
-  later = [] if first is None and scope.parent is not None else None
+  # (The parent resolved now: a target records its use. What it holds here
+  # already, values seeded at the target, is the copy.)
+  held = None if scope.parent is None else scope.parent._collection(col)
+  later = [] if first is None and held is not None and not (
+      isinstance(held, Mapping) and scope.name in held) else None
   fresh = (FirstCopy(first, col, landing=landing, later=later)
            if first or landing or later is not None else {})
   _fill(fresh, seen)
-  if later is not None:  # (the parent resolved now: a target records its use)
-    later.append(store), scope.parent._collection(col)
+  if later is not None:
+    later.append(store)
   scope._variables[col] = fresh if later is not None else store()
   return scope._variables[col]
 
