@@ -121,6 +121,8 @@ BY_PACK_NAME = {
     'vmap': BROADCAST, 'scan': BROADCAST, 'vjp': CLOSE_OVER,
     'jvp': CLOSE_OVER, 'value_and_grad': CLOSE_OVER, 'custom_vjp': CLOSE_OVER,
 }
+# The transforms whose traces (branches, a loop's body) return one structure.
+BRANCHES = frozenset({'cond', 'switch', 'while_loop'})
 # The names of the transforms that reuse their trace (``nn.jit``).
 CACHES_TRACE = frozenset(n for n, s in BY_PACK_NAME.items() if s.caches_trace)
 
@@ -689,9 +691,10 @@ def _given(scope, col: str) -> bool:
 
 def _own(scope, col: str, first: Tie | None, seen, landing=None):
   """The scope's own dict of ``col``, a copy of ``seen``, stored where Flax
-  stores it: at once with ``first`` (:class:`FirstCopy`), else at the target's
-  first write of its own (so a lifted transform, ``nn.cond``'s branches,
-  returns no copy holding the source's values alone, as one shared module).
+  stores it: at once, or inside a branch of ``nn.cond`` / ``nn.switch`` /
+  ``nn.while_loop`` (``BRANCHES``) without ``first`` at the target's first
+  write of its own, so that the branches return no copy holding the source's
+  values alone, as one shared module (:class:`FirstCopy`).
   """
   def store():
     if scope.parent is None:
@@ -702,9 +705,9 @@ def _own(scope, col: str, first: Tie | None, seen, landing=None):
     return parent.setdefault(scope.name, fresh)
   # (The parent resolved now: a target records its use. What it holds here
   # already, values seeded at the target, is the copy.)
-  held = None if scope.parent is None else scope.parent._collection(col)
-  later = [] if first is None and held is not None and not (
-      isinstance(held, Mapping) and scope.name in held) else None
+  held = (scope.parent._collection(col) if first is None and scope.parent
+          is not None and _in_a_branch(scope) else None)
+  later = [] if held is not None and scope.name not in held else None
   fresh = (FirstCopy(first, col, landing=landing, later=later)
            if first or landing or later is not None else {})
   _fill(fresh, seen)
@@ -712,6 +715,14 @@ def _own(scope, col: str, first: Tie | None, seen, landing=None):
     later.append(store)
   scope._variables[col] = fresh if later is not None else store()
   return scope._variables[col]
+
+
+def _in_a_branch(scope) -> bool:
+  """Whether ``scope`` runs inside a transform in ``BRANCHES``, at any depth."""
+  lift = lift_record(scope)
+  while lift is not None and lift.name not in BRANCHES:
+    lift = lift.outer and lift_record(lift.outer)
+  return lift is not None
 
 
 class FirstCopy(dict):
@@ -732,7 +743,7 @@ class FirstCopy(dict):
                                                              landing, later)
 
   def __setitem__(self, name, value):
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):
       if type(value) is dict and not value:
         value = FirstCopy(self.tie, self.col, self.at + (name,), self.landing,
                           self.later)
@@ -754,14 +765,18 @@ jax.tree_util.register_pytree_with_keys(
 
 
 def _fill(own, source):
-  """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared)."""
+  """Adds to ``own`` what ``source`` holds and ``own`` lacks (leaves shared).
+
+  The source's values are no write of the target's: a :class:`FirstCopy`
+  takes them as a dict does (its dicts are FirstCopies).
+  """
   for name, value in (source.items() if isinstance(source, Mapping) else ()):
     if type(value) is dict or isinstance(value, Mapping):
       if name not in own:
-        own[name] = {}  # (a FirstCopy's is one too)
+        own[name] = {}
       _fill(own[name], value)
     elif name not in own:
-      own[name] = value
+      dict.__setitem__(own, name, value)
 
 
 class TiedNames(MutableMapping):
