@@ -28,6 +28,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+SEEDS_PER_WORKER = 4  # then a fresh interpreter
 
 
 def _work(seed: int, count: int):
@@ -72,21 +73,27 @@ def main(argv=None):
     }
 
   context = multiprocessing.get_context('spawn')
-  # A fresh interpreter every few seeds: one that checked ~900 programs ran
-  # out of mapped memory for compiled code (Flax 0.12.0 / JAX 0.8.1).
-  with concurrent.futures.ProcessPoolExecutor(
-      args.processes, mp_context=context, max_tasks_per_child=8) as pool:
-    for seed, n, seconds, families, failure in pool.map(
-        _work, seeds, [args.chunk] * len(seeds)):
-      if failure is not None:
-        failures.append({'seed': seed, 'failure': failure})
-        print(f'seed {seed}: a difference\n{failure}', flush=True)
-      else:
-        checked, drawn, cpu = checked + args.chunk, drawn + n, cpu + seconds
-        families_seen.update(families)
-        print(f'seed {seed}: {args.chunk} checked of {n} drawn, {seconds:.1f}'
-              f' CPU-s; {checked} so far, {time.time() - start:.0f} s', flush=True)
-      args.json.write_text(json.dumps(record(), indent=1) + '\n')
+  # Fresh interpreters every few seeds: one that checked ~900 programs ran out
+  # of mapped memory for compiled code (Flax 0.12.0 / JAX 0.8.1). A pool per
+  # batch, since ProcessPoolExecutor's max_tasks_per_child hangs on Python
+  # 3.11 once its first workers retire.
+  batch = args.processes * SEEDS_PER_WORKER
+  for first in range(0, len(seeds), batch):
+    some = seeds[first:first + batch]
+    with concurrent.futures.ProcessPoolExecutor(
+        args.processes, mp_context=context) as pool:
+      for seed, n, seconds, families, failure in pool.map(
+          _work, some, [args.chunk] * len(some)):
+        if failure is not None:
+          failures.append({'seed': seed, 'failure': failure})
+          print(f'seed {seed}: a difference\n{failure}', flush=True)
+        else:
+          checked, drawn, cpu = checked + args.chunk, drawn + n, cpu + seconds
+          families_seen.update(families)
+          print(f'seed {seed}: {args.chunk} checked of {n} drawn, {seconds:.1f}'
+                f' CPU-s; {checked} so far, {time.time() - start:.0f} s',
+                flush=True)
+        args.json.write_text(json.dumps(record(), indent=1) + '\n')
   record = record()
   args.json.write_text(json.dumps(record, indent=1) + '\n')
   print(json.dumps({k: v for k, v in record.items() if k != 'failures'}))
