@@ -114,6 +114,7 @@ class Program:
   view: str = ''  # view: a key of VIEWS
   partitioned: bool = False  # view: the embedding nn.with_partitioning
   both: bool = False  # cond: the shared module called in both branches
+  switch: bool = False  # cond: nn.switch over [no, yes] in place of nn.cond
   after: bool = False  # scan, vmap, cond: the source called again after
   # scan, vmap, cond: order (1, 0) is the target first, the source after.
 
@@ -305,7 +306,9 @@ class Program:
         '    def no(mdl, x):',
         f'      s = mdl.shared if mdl.shared is not None else {here}',
         f'      return {other}',
-        '    return nn.cond(jnp.sum(x) > 0, yes, no, self, x)',
+        ('    return nn.switch((jnp.sum(x) > 0).astype(jnp.int32), [no, yes],'
+         ' self, x)' if self.switch else
+         '    return nn.cond(jnp.sum(x) > 0, yes, no, self, x)'),
         '',
     ]
     arg = 'shared, ' if reference else ''
@@ -549,6 +552,8 @@ def _families(program: Program) -> list:
     out.append('nested')
   if program.order[0] != 0:
     out.append('target first')
+  if program.switch:
+    out.append('cond as nn.switch')
   out.append(f'declared {program.declared}')
   return out
 
@@ -608,3 +613,27 @@ def test_a_target_in_one_branch_of_cond_at_init(kind, declared):
   """
   check(Program(kind, declared, 0, (0, 1), ('none',), ('direct',),
                 family='cond'))
+
+
+SWITCH_GRID = [(kind, declared, both, order)
+               for kind in sorted(KINDS) for declared in DECLARED
+               for both, order in ((False, (0, 1)), (True, (0, 1)),
+                                   (True, (1, 0)))
+               if supported(Program(kind, declared, 0, order, ('none',),
+                                    ('direct',), family='cond'))]
+
+
+@pytest.mark.needs_patch
+@pytest.mark.parametrize('kind, declared, both, order', [
+    pytest.param(*case, marks=() if case[:2] in {('dense', 'root'),
+                                                 ('constant', 'inner')}
+                 else pytest.mark.end_to_end) for case in SWITCH_GRID])
+def test_the_cond_family_as_nn_switch(kind, declared, both, order):
+  """nn.switch, the other transform in ties.BRANCHES, as nn.cond above.
+
+  The shared module in one branch or in both, the target first or not, each
+  kind and declaration, against one shared instance; the README's run keeps
+  the two cases of the nn.cond regression test, the rest --end-to-end.
+  """
+  check(Program(kind, declared, 0, order, ('none',), ('direct',),
+                family='cond', both=both, switch=True))
