@@ -416,9 +416,6 @@ class SharingBlock(nn.Module):
     return jnp.tanh(x + dense(x))
 
 
-JittedSharingBlock = nn.jit(SharingBlock)  # one class: call sites share traces
-
-
 @pytest.mark.parametrize('n', [3, 4])
 @pytest.mark.parametrize('first', ['source_first', 'target_first'])
 @pytest.mark.parametrize('kind',
@@ -432,7 +429,12 @@ def test_ties_into_call_sites_of_one_nn_jit_class_share_one_instance(
   whose source runs later is checked when init returns; a replay (a second
   init, or, with ``inner_one_trace``, every target block after the first:
   they have the same fields) made no such check, and stored the copies.
+
+  One nn.jit class for every call site, as users hoist it to module level,
+  made anew in each test: a class shared by the tests keeps its traces from
+  one test to the next, and had let a case pass in order that failed alone.
   """
+  jitted_sharing_block = nn.jit(SharingBlock)  # call sites share traces
   source = 0 if first == 'source_first' else n - 1
   others = [i for i in range(n) if i != source]
   ties = {'variable': {f'block_{i}/dense/kernel': f'block_{source}/dense/kernel'
@@ -446,9 +448,10 @@ def test_ties_into_call_sites_of_one_nn_jit_class_share_one_instance(
     def __call__(self, x):
       for i in range(n):
         idx = i if kind == 'inner' or i == source else None
-        block = (JittedSharingBlock(idx=idx, source=source, name=f'block_{i}')
+        block = (jitted_sharing_block(idx=idx, source=source,
+                                      name=f'block_{i}')
                  if kind.startswith('inner') else
-                 JittedSharingBlock(name=f'block_{i}'))
+                 jitted_sharing_block(name=f'block_{i}'))
         x = block(x)
       return x
 
@@ -458,7 +461,7 @@ def test_ties_into_call_sites_of_one_nn_jit_class_share_one_instance(
     def __call__(self, x):
       shared = nn.Dense(D, use_bias=False, name='shared')
       for i in range(n):
-        x = JittedSharingBlock(shared, name=f'block_{i}')(x)
+        x = jitted_sharing_block(shared, name=f'block_{i}')(x)
       return x
 
   tied, reference = nn.tie(Tied, ties)(), Shared()
