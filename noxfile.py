@@ -511,10 +511,12 @@ MIDDLE_RELEASE_TESTS = ('upstream', 'test_patch', 'test_transparency', 'test_tes
                         'test_static_argnames_compat', 'test_nnx', 'test_tie_lifting',
                         'test_tie_generated',  # its default draw (NEWEST_ONLY_IN_CI)
                         'test_docs_paste')  # where PASTED_ON, the REPL of each Python
-# The generator's deeper draw (tests/test_tie_generated.py, end_to_end) runs
-# on the newest release only in `nox -s ci`; every release runs its default
-# draw, and tools/generated_ties.py runs thousands on any release.
-NEWEST_ONLY_IN_CI = ('test_differential', 'test_more_generated')
+# The generator's deeper draw and its nn.switch grid (tests/
+# test_tie_generated.py, end_to_end) run on the newest release only in
+# `nox -s ci`; every release runs its default draw and two nn.switch cases,
+# and tools/generated_ties.py runs thousands on any release.
+NEWEST_ONLY_IN_CI = ('test_differential', 'test_more_generated',
+                     'test_the_cond_family_as_nn_switch')  # its end_to_end grid
 
 
 @nox.session(python=False)

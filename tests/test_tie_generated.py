@@ -600,9 +600,10 @@ def test_a_target_first_computing_from_its_input_is_the_first_use():
 
 
 @pytest.mark.needs_patch
+@pytest.mark.parametrize('switch', [False, True], ids=['nn.cond', 'nn.switch'])
 @pytest.mark.parametrize('kind, declared', [('dense', 'root'),
                                             ('constant', 'inner')])
-def test_a_target_in_one_branch_of_cond_at_init(kind, declared):
+def test_a_target_in_one_branch_of_cond_at_init(kind, declared, switch):
   """Both branches return the same variables, as one shared instance's.
 
   Found by this generator (issue 52): the target's init copy (a module-level
@@ -612,7 +613,7 @@ def test_a_target_in_one_branch_of_cond_at_init(kind, declared):
   the source's values is now stored only when the target writes its own.
   """
   check(Program(kind, declared, 0, (0, 1), ('none',), ('direct',),
-                family='cond'))
+                family='cond', switch=switch))
 
 
 SWITCH_GRID = [(kind, declared, both, order)
@@ -624,16 +625,14 @@ SWITCH_GRID = [(kind, declared, both, order)
 
 
 @pytest.mark.needs_patch
-@pytest.mark.parametrize('kind, declared, both, order', [
-    pytest.param(*case, marks=() if case[:2] in {('dense', 'root'),
-                                                 ('constant', 'inner')}
-                 else pytest.mark.end_to_end) for case in SWITCH_GRID])
+@pytest.mark.end_to_end
+@pytest.mark.parametrize('kind, declared, both, order', SWITCH_GRID)
 def test_the_cond_family_as_nn_switch(kind, declared, both, order):
   """nn.switch, the other transform in ties.BRANCHES, as nn.cond above.
 
   The shared module in one branch or in both, the target first or not, each
-  kind and declaration, against one shared instance; the README's run keeps
-  the two cases of the nn.cond regression test, the rest --end-to-end.
+  kind and declaration, against one shared instance (the test above runs the
+  one-branch cases on every release).
   """
   check(Program(kind, declared, 0, order, ('none',), ('direct',),
                 family='cond', both=both, switch=True))
