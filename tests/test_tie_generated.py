@@ -552,8 +552,6 @@ def _families(program: Program) -> list:
     out.append('nested')
   if program.order[0] != 0:
     out.append('target first')
-  if program.switch:
-    out.append('cond as nn.switch')
   out.append(f'declared {program.declared}')
   return out
 
