@@ -315,6 +315,9 @@ def _scan_keywords(fn, *args, static_args=None, **kwargs):
     static = static_args.keywords()
     others = [k for k in call_kwargs if k not in static]
     if others:
+      # A misspelt name or a bad index: the error the remat's first call
+      # raises outside nn.scan ("Did you mean"), not ours.
+      static_args.apply(lambda *split: None, call_args, call_kwargs)
       raise TypeError(_scan_keyword_error(static_args, others))
     body = functools.partial(fn, **call_kwargs) if call_kwargs else fn
     return flax_lift.scan(body, *args, **kwargs)(scope_tree, *call_args)
@@ -329,14 +332,14 @@ def _scan_keyword_error(static_args, names):
   listed = ', '.join(f'`{n}`' for n in names)
   return (
       f'nn.scan: {listed} was passed by keyword to {static_args.display},'
-      ' which nn.scan can pass by keyword only what its'
-      f' {static_args.transform} makes static'
-      f' (static_argnames={static_args.given["static_argnames"]!r}): Flax\'s'
-      ' nn.scan passes its body positional arguments only, and would drop'
-      f' {listed} with a RuntimeWarning. Pass it positionally, with in_axes'
-      ' saying how each layer gets it (nn.broadcast: the whole value; an axis:'
-      ' one slice per layer), or, if the layers branch on it in Python, add it'
-      ' to static_argnames.')
+      f' but its {static_args.transform} does not make it static'
+      f' (static_argnames={static_args.given["static_argnames"]!r}). Inside'
+      ' nn.scan, a keyword reaches the layers only if the remat makes it'
+      ' static: Flax\'s nn.scan passes its body positional arguments only,'
+      f' and would drop {listed} with a RuntimeWarning. Pass it positionally,'
+      ' with in_axes saying how each layer gets it (nn.broadcast: the whole'
+      ' value; an axis: one slice per layer), or, if the layers branch on it'
+      ' in Python, add it to static_argnames.')
 
 # ---------------------------------------------------------------------------
 # section: tie

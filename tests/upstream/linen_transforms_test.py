@@ -235,6 +235,20 @@ class ScanOfCheckpointStaticKeywordsTest(parameterized.TestCase):
       stack.init(random.key(0), c, None, scale=2.0, deterministic=True)
     self.assertEqual(traced, [])
 
+  def test_misspelt_static_argname_is_the_remat_error(self):
+    # The error the same typo gets outside nn.scan, not nn.scan's keyword
+    # error (which would blame the correctly spelt keyword).
+    stack = self.stack(nn.remat(self.Layer, static_argnames='determinstic'))
+    c = jnp.ones((2, 3))
+    with self.assertRaisesRegex(
+        ValueError, r"static_argnames contains 'determinstic'.*\n"
+        r"Did you mean static_argnames='deterministic'\?"):
+      stack.init(random.key(0), c, None, deterministic=True)
+    with self.assertRaisesRegex(
+        ValueError, r"Did you mean static_argnames='deterministic'\?"):
+      nn.remat(self.Layer, static_argnames='determinstic')().init(
+          random.key(0), c, None, deterministic=True)
+
   @parameterized.named_parameters(
       ('plain', lambda layer: layer),
       ('remat', nn.remat),
