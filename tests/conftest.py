@@ -35,7 +35,7 @@ patched), generated programs and properties, whole models trained, the grids
 of every transform and nesting order (tests/test_tie_lifting.py, each pair of
 transforms of tests/test_tie_init.py), sharding on eight devices, Python
 call counts, two-process jobs. Without them the README's test command takes
-under five CPU-minutes on two cores (about four, measured in CHANGELOG.md).
+under 240 CPU-seconds on two cores (CPU_BUDGET_SECONDS; measured in CHANGELOG.md).
 A plain ``pytest`` leaves them out (and says so in its header) unless given
 ``--end-to-end`` or the test file by name; ``nox -s ci`` (so CI) runs them
 all.
@@ -45,7 +45,9 @@ then at least every 30 s a line stamped ``0:46`` (minutes:seconds since the
 start) with the tests done per area of the suite and the test files running.
 """
 
+import ast
 import collections
+import functools
 import os
 import pathlib
 import threading
@@ -75,6 +77,7 @@ if os.environ.get('JAX_COMPILATION_CACHE_DIR') and os.environ.get('PYTEST_XDIST_
       os.environ['JAX_COMPILATION_CACHE_DIR'], os.environ['PYTEST_XDIST_WORKER'])
 
 OPTED_OUT = 'opted-out'
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # test ids are relative to it
 
 
 def pytest_addoption(parser):
@@ -111,6 +114,36 @@ def area(nodeid: str) -> str:
               'docs, demo and repository')
 
 
+def what_it_does(nodeid: str) -> str | None:
+  """The first line of a test's docstring, read from its file (not imported).
+
+  The xdist controller, which prints the progress, imports no test file.
+  """
+  path, _, name = nodeid.partition('::')
+  name = name.split('[')[0]
+  try:
+    doc = _docstrings(ROOT / path).get(name)
+  except (OSError, SyntaxError):
+    doc = None
+  return doc.strip().splitlines()[0] if doc else None
+
+
+@functools.lru_cache(maxsize=None)
+def _docstrings(path):
+  """``{'test_x': doc, 'TestCase::test_y': doc}`` of a test file."""
+  found = {}
+
+  def visit(node, prefix):
+    for child in node.body:
+      if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        found[prefix + child.name] = ast.get_docstring(child)
+      elif isinstance(child, ast.ClassDef):
+        visit(child, f'{prefix}{child.name}::')
+
+  visit(ast.parse(path.read_text()), '')
+  return found
+
+
 def stamp(seconds: float) -> str:
   """``0:46``, ``1:16``: minutes and seconds since the run started."""
   minutes, seconds = divmod(int(seconds), 60)
@@ -140,6 +173,8 @@ class Progress:
     self.done = collections.defaultdict(collections.Counter)
     self.finished = set()
     self.running = {}  # test id -> when it started
+    self.announced = False  # whether 'to run' was said
+    self.started = set()  # the areas a test of which has started
     self.lock = threading.RLock()
     self.stop = threading.Event()
 
@@ -147,10 +182,10 @@ class Progress:
     with self.lock:
       if not self.total:
         self.total.update(area(n) for n in nodeids)
-        self._say('to run: ' + self._areas(lambda name: self.total[name]))
 
-  def _areas(self, count):
-    return ', '.join(f'{name} {count(name)}' for name in sorted(self.total))
+  def _areas(self, count, names=None):
+    return ', '.join(f'{name} {count(name)}'
+                     for name in sorted(self.total if names is None else names))
 
   def _say(self, line):
     with self.lock:
@@ -162,24 +197,40 @@ class Progress:
       self.reporter.write_line(f'{stamp(self.said - self.start)} {line}')
 
   def beat(self):
-    """The line of a run that has said nothing for ``EVERY`` seconds, if due."""
+    """The line of a run that has said nothing for ``EVERY`` seconds, if due.
+
+    It counts the areas that have started; those still waiting are named
+    with their sizes, and each running test with how long it has run (past
+    ``EVERY`` seconds, with what it does: its docstring's first line).
+    """
     with self.lock:
       now = self.clock()
       if now - self.said < self.EVERY:
         return
-      if not self.total:
+      if not self.announced:
         self._say('still collecting: each worker process imports JAX, Flax and'
                   ' every test file before the first test runs')
         return
-      files = {}
-      for nodeid, since in sorted(self.running.items(), key=lambda i: i[1]):
-        files.setdefault(nodeid.split('::')[0], since)
-      running = '; running: ' + ', '.join(
-          f'{path} (its current test for {stamp(now - since)})'
-          for path, since in files.items()) if files else ''
-      self._say('done so far: ' + self._areas(
-          lambda name: f'{sum(self.done[name].values())}/{self.total[name]}')
-                + running)
+      started = [a for a in self.total
+                 if a in self.started and a not in self.finished]
+      waiting = [a for a in sorted(self.total)
+                 if a not in self.finished and a not in started]
+      line = 'done so far: ' + self._areas(
+          lambda name: f'{sum(self.done[name].values())}/{self.total[name]}',
+          started)
+      if waiting:
+        line += '; not started yet: ' + ', '.join(
+            f'{a} ({self.total[a]})' for a in waiting)
+      if self.running:
+        line += '; running: ' + ', '.join(
+            self._running(nodeid, now - since) for nodeid, since in sorted(
+                self.running.items(), key=lambda i: i[1]))
+      self._say(line)
+
+  def _running(self, nodeid, seconds):
+    shown = nodeid[len('tests/'):] if nodeid.startswith('tests/') else nodeid
+    doing = what_it_does(nodeid) if seconds >= self.EVERY else None
+    return f'{shown} (for {stamp(seconds)}' + (f': {doing})' if doing else ')')
 
   def _beat_every_second(self):
     while not self.stop.wait(0.5):
@@ -212,7 +263,13 @@ class Progress:
 
   def pytest_runtest_logstart(self, nodeid):
     with self.lock:
+      if not self.announced and self.total:
+        # Here, not when the first worker has collected: xdist is still
+        # writing its own collection status then.
+        self.announced = True
+        self._say('to run: ' + self._areas(lambda name: self.total[name]))
       self.running[nodeid] = self.clock()
+      self.started.add(area(nodeid))
 
   def pytest_runtest_logfinish(self, nodeid):
     with self.lock:
@@ -262,12 +319,18 @@ def pytest_collection(session):
     import flax_tieext  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_report_header(config):
+  # pytest-benchmark's defaults line, in a run of tests/, which benchmarks
+  # nothing (the benchmarks are in benchmarks/, with a conftest of their own).
+  lines = [line for line in (yield) if not (
+      isinstance(line, str) and line.startswith('benchmark:'))]
   if not config.getoption('end_to_end'):
-    return ('end_to_end tests (fresh interpreters, generated programs, whole models'
-            ' trained, the grids of every transform and nesting, 8-device sharding,'
-            ' two-process jobs) are left out unless named: pytest --end-to-end runs'
-            ' them')
+    lines.append('end_to_end tests (fresh interpreters, generated programs, whole models'
+                 ' trained, the grids of every transform and nesting, 8-device sharding,'
+                 ' two-process jobs) are left out unless named: pytest --end-to-end runs'
+                 ' them')
+  return lines
 
 
 def pytest_generate_tests(metafunc):
@@ -471,22 +534,98 @@ def _check_tie_invariants(module, rngs, args, kwargs, method, y, variables,
   return True
 
 
+# The README's test command (a plain ``pytest``: the default test paths, no
+# --end-to-end, no --opted-out-too) takes at most this many CPU seconds on two
+# cores, the pytest process and its workers together: "under four
+# CPU-minutes" (README.md, CHANGELOG.md). Its last line says how much it took;
+# with TIEEXT_TEST_CPU_BUDGET=enforce (.ci/run) a run over it fails.
+CPU_BUDGET_SECONDS = 240
+
+
+def _cpu_seconds(children=True):
+  """CPU time of this process (and the processes it started and waited for)."""
+  import resource  # pylint: disable=g-import-not-at-top
+  who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if children else [])
+  return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, who))
+
+
+WORKER_CPU_SECONDS = []
+
+
+def _is_readme_run(config):
+  return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
+          and not config.getoption('end_to_end')
+          and not config.getoption('opted_out_too'))
+
+
 def pytest_sessionfinish(session):
-  workeroutput = getattr(session.config, 'workeroutput', None)
+  config = session.config
+  workeroutput = getattr(config, 'workeroutput', None)
   if workeroutput is not None:  # an xdist worker: to the controller
     workeroutput['tie_invariants'] = dict(TIE_INVARIANT_COUNTS)
+    workeroutput['cpu_seconds'] = _cpu_seconds()  # with the interpreters it started
+    return
+  # The controller: its own time, and its workers' as they reported it
+  # (whether it has reaped them yet or not). Without xdist, this process
+  # and the interpreters its tests started.
+  workers = len(WORKER_CPU_SECONDS)
+  _cpu_report(session, _cpu_seconds(children=False) + sum(WORKER_CPU_SECONDS)
+              if workers else _cpu_seconds(), workers)
+
+
+def _cpu_report(session, seconds, workers):
+  """Keeps the run's last line; fails an enforced run over the budget."""
+  config = session.config
+  readme_run = _is_readme_run(config)
+  over = readme_run and seconds > CPU_BUDGET_SECONDS
+  config.stash[_CPU_LINE] = (
+      f'CPU time: {seconds:.1f} s (pytest'
+      + (f' and its {workers} workers' if workers else '')
+      + ', with the interpreters the tests started)'
+      + (f'; the README promises under {CPU_BUDGET_SECONDS} s on two cores: '
+         + (f'OVER by {seconds - CPU_BUDGET_SECONDS:.1f} s' if over else 'within it')
+         if readme_run else ''))
+  if over and os.environ.get('TIEEXT_TEST_CPU_BUDGET') == 'enforce' and (
+      session.exitstatus == pytest.ExitCode.OK):
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_CPU_LINE = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):  # pylint: disable=unused-argument
-  TIE_INVARIANT_COUNTS.update(
-      getattr(node, 'workeroutput', {}).get('tie_invariants', {}))
+  output = getattr(node, 'workeroutput', {})
+  TIE_INVARIANT_COUNTS.update(output.get('tie_invariants', {}))
+  if 'cpu_seconds' in output:
+    WORKER_CPU_SECONDS.append(output['cpu_seconds'])
 
 
-def pytest_terminal_summary(terminalreporter):
-  if TIE_INVARIANT_COUNTS:
-    counts = dict(TIE_INVARIANT_COUNTS)
-    seconds = counts.pop('CPU seconds', 0.0)
-    terminalreporter.write_line(
-        'tie_invariants: ' + ', '.join(f'{n} {what}' for what, n in counts.items())
-        + f'; {seconds:.1f} CPU-s')
+def pytest_terminal_summary(terminalreporter, config):
+  counts = collections.Counter(TIE_INVARIANT_COUNTS)
+  if not counts['models checked'] and config.option.verbose <= 0:
+    return
+  line = (f'tie_invariants: init_with_output equals apply (the reference'
+          f' semantics) for each of the {counts["models checked"]} models'
+          f' initialized in {counts["tests"]} tests'
+          f' ({counts["CPU seconds"]:.1f} CPU-s)')
+  if config.option.verbose > 0:
+    # Inits the check leaves to the test: none of these is a failure.
+    skipped = [(counts['inits traced, not checked'], 'inside a JAX trace'
+                ' (jax.jit(model.init), eval_shape: tracers, no values)'),
+               (counts['inits whose apply raised'], 'whose apply raised (the'
+                ' test checks that error itself)'),
+               (counts['inits whose apply writes'], 'whose apply updates'
+                ' state (it computes from other values)')]
+    line += '; not compared: ' + ', '.join(
+        f'{n} inits {why}' for n, why in skipped if n) if any(
+            n for n, _ in skipped) else ''
+  terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config):
+  """The run's last line: its CPU time, against the README's figure."""
+  line = config.stash.get(_CPU_LINE, None)
+  reporter = config.pluginmanager.get_plugin('terminalreporter')
+  if line and reporter is not None:
+    reporter.write_line(line)

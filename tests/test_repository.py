@@ -156,45 +156,98 @@ def test_a_plain_run_leaves_out_the_end_to_end_tests_saying_so():
 
 
 
-def test_progress_lines_are_stamped_and_name_the_test_files_running(pytestconfig):
-  # The README's test run: what it collects first, then at least every 30 s
-  # a line stamped minutes:seconds, naming the files whose tests are running.
-  # (tests/conftest.py as pytest loaded it: `import conftest` may find
-  # another directory's.)
-  conftest = next(p for p in pytestconfig.pluginmanager.get_plugins()
-                  if getattr(p, '__file__', None) == str(ROOT / 'tests' / 'conftest.py'))
+def _conftest(pytestconfig):
+  # tests/conftest.py as pytest loaded it: `import conftest` may find another
+  # directory's.
+  return next(p for p in pytestconfig.pluginmanager.get_plugins()
+              if getattr(p, '__file__', None) == str(ROOT / 'tests' / 'conftest.py'))
 
-  class Reporter:
-    def __init__(self):
-      self.lines = []
 
-    def write(self, text):
-      del text
+class _Reporter:
 
-    def write_line(self, line):
-      self.lines.append(line)
+  def __init__(self):
+    self.lines = []
 
-  now, reporter = [100.0], Reporter()
-  progress = conftest.Progress(reporter, clock=lambda: now[0])
+  def write(self, text):
+    del text
+
+  def write_line(self, line):
+    self.lines.append(line)
+
+
+def test_progress_lines_are_stamped_and_name_the_tests_running(pytestconfig):
+  """The README's test run: collection, then a stamped line at least every 30 s."""
+  # It names the areas started, those not yet, and the tests running; one
+  # running for more than 30 s with the first line of its docstring.
+  now, reporter = [100.0], _Reporter()
+  progress = _conftest(pytestconfig).Progress(reporter, clock=lambda: now[0])
   now[0] += 29
   progress.beat()  # not yet 30 s: nothing
   now[0] += 2
   progress.beat()
-  progress._collected(['tests/test_tie_init.py::a', 'tests/test_static_argnames.py::b'])  # pylint: disable=protected-access
-  progress.pytest_runtest_logstart('tests/test_static_argnames.py::b')
+  this = ('tests/test_repository.py::'
+          'test_progress_lines_are_stamped_and_name_the_tests_running')
+  progress._collected(['tests/test_tie_init.py::a', this])  # pylint: disable=protected-access
+  now[0] += 5
+  progress.beat()  # said 5 s ago: nothing
+  progress.pytest_runtest_logstart(this)  # the first test: what is to run
   now[0] += 45
   progress.beat()
   assert reporter.lines == [
       '0:31 still collecting: each worker process imports JAX, Flax and every test file'
       ' before the first test runs',
-      '0:31 to run: static arguments 1, ties 1',
-      '1:16 done so far: static arguments 0/1, ties 0/1; running:'
-      ' tests/test_static_argnames.py (its current test for 0:45)',
+      '0:36 to run: docs, demo and repository 1, ties 1',
+      '1:21 done so far: docs, demo and repository 0/1; not started yet: ties (1);'
+      ' running: test_repository.py::'
+      'test_progress_lines_are_stamped_and_name_the_tests_running (for 0:45: The'
+      " README's test run: collection, then a stamped line at least every 30 s.)",
   ]
-  progress.pytest_runtest_logfinish('tests/test_static_argnames.py::b')
+  progress.pytest_runtest_logfinish(this)
+  progress.pytest_runtest_logstart('tests/test_tie_init.py::a')
   now[0] += 30
   progress.beat()
-  assert reporter.lines[-1] == '1:46 done so far: static arguments 0/1, ties 0/1'
+  assert reporter.lines[-1] == (
+      '1:51 done so far: docs, demo and repository 0/1, ties 0/1; running:'
+      ' test_tie_init.py::a (for 0:30)')
+
+
+def test_the_readme_states_the_cpu_budget_its_test_run_checks(pytestconfig):
+  """README, conftest and CHANGELOG state one CPU budget for the test command."""
+  budget = _conftest(pytestconfig).CPU_BUDGET_SECONDS
+  readme = (ROOT / 'README.md').read_text()
+  paragraph = readme[readme.index('Run the tests'):readme.index(_readme_test_command())]
+  assert f'under {budget} CPU-seconds' in paragraph, paragraph
+  assert f'under {budget} CPU-seconds' in (ROOT / 'CHANGELOG.md').read_text()
+  assert 'TIEEXT_TEST_CPU_BUDGET=enforce' in (ROOT / '.ci' / 'run').read_text()
+
+
+@pytest.mark.parametrize('seconds, enforce, status', [
+    (100.0, True, 0), (300.0, False, 0), (300.0, True, 1)])
+def test_the_last_line_gives_the_cpu_time_and_ci_fails_over_budget(
+    pytestconfig, monkeypatch, seconds, enforce, status):
+  """The run's last line: its CPU time against the README's figure."""
+  conftest = _conftest(pytestconfig)
+  monkeypatch.setattr(conftest, '_is_readme_run', lambda config: True)
+  if enforce:
+    monkeypatch.setenv('TIEEXT_TEST_CPU_BUDGET', 'enforce')
+  else:
+    monkeypatch.delenv('TIEEXT_TEST_CPU_BUDGET', raising=False)
+
+  class Session:
+    config = pytestconfig
+    exitstatus = pytest.ExitCode.OK
+
+  session = Session()
+  try:
+    conftest._cpu_report(session, seconds, 2)  # pylint: disable=protected-access
+    line = pytestconfig.stash[conftest._CPU_LINE]  # pylint: disable=protected-access
+  finally:
+    del pytestconfig.stash[conftest._CPU_LINE]  # pylint: disable=protected-access
+  budget = conftest.CPU_BUDGET_SECONDS
+  assert line.startswith(f'CPU time: {seconds:.1f} s (pytest and its 2 workers')
+  assert line.endswith(f'under {budget} s on two cores: ' + (
+      'within it' if seconds <= budget else f'OVER by {seconds - budget:.1f} s'))
+  assert session.exitstatus == status
 
 
 def _tracked_texts():

@@ -38,9 +38,10 @@ own ``apply`` (``init_with_output`` returns what ``apply`` returns, the
 source alone stored, two steps, gradients). A failure prints both programs
 as Python a person can paste.
 
-The default run draws ``DEFAULT_PROGRAMS`` programs, the families in turn;
-``--end-to-end`` (``end_to_end`` marker) ``DEEP_PROGRAMS`` more, from other
-seeds. ``run(seed, count)`` works outside pytest too and says how many
+With ``--end-to-end`` (``end_to_end`` marker; CI, every release) it draws
+``DEFAULT_PROGRAMS`` programs, the families in turn, and ``DEEP_PROGRAMS``
+more from other seeds; the README's quicker run keeps only the regression
+cases below them. ``run(seed, count)`` works outside pytest too and says how many
 programs of each family it checked.
 """
 
@@ -563,6 +564,7 @@ def _report(count, drawn, seconds, families):
 
 
 @pytest.mark.needs_patch
+@pytest.mark.end_to_end  # generated programs: about 15 CPU-s (every release in CI)
 def test_generated_tied_programs_match_one_shared_instance():
   # Seed 61's ten programs hold both in_scan, a plain and a partitioned view,
   # every declaration, two-deep wraps, nn.vjp / nn.jvp, a cond target first.
@@ -598,7 +600,8 @@ def test_a_target_first_computing_from_its_input_is_the_first_use():
 
 
 @pytest.mark.needs_patch
-@pytest.mark.parametrize('switch', [False, True], ids=['nn.cond', 'nn.switch'])
+@pytest.mark.parametrize('switch', [
+    False, pytest.param(True, marks=pytest.mark.end_to_end)], ids=['nn.cond', 'nn.switch'])
 @pytest.mark.parametrize('kind, declared', [('dense', 'root'),
                                             ('constant', 'inner')])
 def test_a_target_in_one_branch_of_cond_at_init(kind, declared, switch):

@@ -484,7 +484,8 @@ class TwoStacks(nn.Module):
 
 
 @needs_patch
-@pytest.mark.parametrize('in_scan', [None, 'broadcast', 'scanned'])
+@pytest.mark.parametrize('in_scan', [None, *(pytest.param(s, marks=pytest.mark.end_to_end)
+                                             for s in ('broadcast', 'scanned'))])
 def test_a_stack_tied_whole_to_a_stack_is_one_shared_stack(in_scan):
   # The tied stack holds its source's stacked variables: never stacked again.
   tied = flax_tieext.linen.tie(TwoStacks, {'s2': 's1'}, in_scan=in_scan)()

@@ -22,7 +22,8 @@ disabled and after ``gc.collect()``), the signatures and identities of each
 hooked callable and of what it returns, and the errors of plain programs
 given NumPy, scalar, tracer and cyclic arguments through ``flax.core``,
 Linen and NNX. One interpreter per mode runs every check (:data:`PROBE`);
-the heavier grid of nested transforms is ``end_to_end``.
+the interpreters and the heavier grid of nested transforms are ``end_to_end``
+(the README's test command keeps the in-process checks).
 """
 
 import contextvars
@@ -271,6 +272,7 @@ def differing(probed, prefix):
 
 
 @pytest.mark.own_patch_mode
+@pytest.mark.end_to_end  # two fresh interpreters run PROBE: about 35 CPU-s
 @pytest.mark.parametrize('prefix', [
     # Each inner root's link held a tuple holding the roots: a cycle, so
     # with the collector disabled every transform's scopes (and arrays)
@@ -287,11 +289,13 @@ def differing(probed, prefix):
     'err/nnx.remat',
 ])
 def test_a_plain_program_runs_as_on_plain_flax(probed, prefix):
+  """Plain Flax and patched, each in a fresh interpreter, run PROBE alike."""
   if prefix.startswith('err/nnx') and not probed[0]['nnx']:
     pytest.skip(f'Flax {flax.__version__}: flax.nnx does not import with its pinned JAX')
   assert not differing(probed, prefix)
 
 
+@pytest.mark.end_to_end  # PROBE's interpreters
 def test_the_probe_sees_what_it_compares(probed):
   # Not a comparison of two empty reports: the errors are the programs'.
   plain, _ = probed
