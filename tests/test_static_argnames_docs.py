@@ -136,7 +136,7 @@ def test_the_scan_section_opens_with_the_warning_its_first_example_gives():
   section = DOC.read_text().split('### Inside `nn.scan`')[1].split('\n### ')[0]
   example = re.search(r'```python\n(.*?)```', section, re.S)[1]
   assert 'static_argnames' not in example.split('# no static_argnames')[0]
-  quoted = re.search(r'```text\n\S+/(flax/core/lift\.py):\d+: (\w+): (.*)\n```', section)
+  quoted = re.search(r'```text\n\S+/(flax/core/lift\.py):\d+: (\w+): (.*)\n', section)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter('always')
     exec(compile(example, str(DOC), 'exec'), {'__name__': 'static_arguments'})  # pylint: disable=exec-used
