@@ -490,6 +490,10 @@ def _count_bytes(tree) -> str:
   return f'{count} ({measure.format_bytes(nbytes)})'
 
 
+def _blocks(n: int) -> str:
+  return f'{n} block' if n == 1 else f'{n} blocks'
+
+
 def _ratio(a: float, b: float) -> str:
   return f'{a / b:.3f}' if b else 'n/a'
 
@@ -526,6 +530,7 @@ class Results:
     step_medians: ``{(tied, remat): seconds}`` per loss-and-gradient call.
     step_spreads: ``{(tied, remat): (fastest, slowest)}`` of those calls.
     step_ratios: ``{remat: (median, q1, q3)}`` of tied / untied, per round.
+    remat_ratios: ``{tied: (median, q1, q3)}`` of remat / no remat, per round.
     rounds: how many interleaved rounds were timed.
     loss_difference: ``|loss tied - loss untied|``.
     grad_difference: ``max |grad tied - grad untied|`` over all parameters.
@@ -544,6 +549,7 @@ class Results:
   step_medians: dict[tuple[bool, bool], float]
   step_spreads: dict[tuple[bool, bool], tuple[float, float]]
   step_ratios: dict[bool, tuple[float, float, float]]
+  remat_ratios: dict[bool, tuple[float, float, float]]
   rounds: int
   loss_difference: float
   grad_difference: float
@@ -564,8 +570,8 @@ def report(r: Results) -> str:
     return (f'{step_medians[key] * 1e3:.1f} ms'
             f' ({low * 1e3:.1f}-{high * 1e3:.1f})')
 
-  def noisy_ratio(remat):
-    median, q1, q3 = r.step_ratios[remat]
+  def noisy_ratio(ratio):
+    median, q1, q3 = ratio
     return f'{median:.3f} ({q1:.2f}-{q3:.2f})'
 
   columns = ('tied (nn.tie)', 'untied reference', 'tied/untied')
@@ -592,12 +598,11 @@ def report(r: Results) -> str:
        _ratio(t_r.stats.temp_bytes, t_n.stats.temp_bytes),
        _ratio(u_r.stats.temp_bytes, u_n.stats.temp_bytes), ''),
       ('time, remat [1]', ms((True, True)),
-       ms((False, True)), noisy_ratio(True) + ' [2]'),
+       ms((False, True)), noisy_ratio(r.step_ratios[True]) + ' [2]'),
       ('time, no remat [1]', ms((True, False)),
-       ms((False, False)), noisy_ratio(False) + ' [2]'),
-      ('time remat / no remat (medians)',
-       _ratio(step_medians[True, True], step_medians[True, False]),
-       _ratio(step_medians[False, True], step_medians[False, False]), ''),
+       ms((False, False)), noisy_ratio(r.step_ratios[False]) + ' [2]'),
+      ('time remat / no remat [2]', noisy_ratio(r.remat_ratios[True]),
+       noisy_ratio(r.remat_ratios[False]), ''),
   ]
   timed = r.step_times[1:] or r.step_times
   train_ms = [1e3 * t for t in timed]
@@ -605,7 +610,8 @@ def report(r: Results) -> str:
            ' left out' if len(r.step_times) > 1 else 'its only step')
   all_reduce = ', the gradient all-reduce' if 'processes' in r.trained else ''
   lines = [
-      f'T5-style encoder: {config.num_layers} blocks, d_model {config.d_model},'
+      f'T5-style encoder: {_blocks(config.num_layers)},'
+      f' d_model {config.d_model},'
       f' {config.num_heads} heads, length {config.length}, batch {BATCH_SIZE};'
       f" one {config.length}x{config.length} attention mask in collection"
       " 'graph', tied across blocks with nn.tie",
@@ -624,9 +630,10 @@ def report(r: Results) -> str:
       ' draws the batch, applies dropout and runs the optimizer. Timed on'
       f' {machine(r.load_timing)}: on a loaded machine the times grow and'
       ' spread, the ratios stay near 1.',
-      f'[2] median (middle half) of the {r.rounds} per-round ratios. Both'
-      ' compile to the same computation, the tie only stores the mask once;'
-      ' on a shared CPU the spread is the noise of the machine. For the'
+      f'[2] median (middle half) of the {r.rounds} per-round ratios; on a'
+      ' shared CPU the spread is the noise of the machine. Tied and untied'
+      ' compile to the same computation, the tie only stores the mask once.'
+      ' For the'
       f' numbers that do not depend on load see {BENCHMARKS} ("Tie + remat vs'
       ' a shared module on upstream Flax": the same FLOPs, temp and argument'
       ' bytes as a hand-shared module, ratio 1.000).',
@@ -658,7 +665,7 @@ def memory_by_depth(depths: Sequence[int], base: t5.T5Config):
     config = dataclasses.replace(base, num_layers=depth)
     tokens = jax.ShapeDtypeStruct((BATCH_SIZE, config.length), jnp.int32)
     for kind, (tied, remat) in kinds.items():
-      _status(f'compiling for the plot: {depth} blocks, {kind}')
+      _status(f'compiling for the plot: {_blocks(depth)}, {kind}')
       model = t5.make_encoder(config, tied=tied, remat=remat)
       shapes = jax.eval_shape(
           functools.partial(model.init, deterministic=True),
@@ -718,7 +725,7 @@ def save_plot(path: str, depths: Sequence[int], memory) -> None:
                  textcoords='offset points', xytext=(-8, 6), ha='right')
   right.set_title(
       "stored attention masks (collection 'graph'):\nall variables stored at"
-      f" {deepest} blocks: {size(memory['remat'][-1][1])} untied,"
+      f" {_blocks(deepest)}: {size(memory['remat'][-1][1])} untied,"
       f" {size(memory['remat + tie'][-1][1])} tied")
   right.set_ylabel('KiB')
   left.set_ylabel('MiB')
@@ -840,6 +847,8 @@ def run(args: argparse.Namespace) -> Results:
   step_spreads = {k: timer.spread(k) for k in variants}
   step_ratios = {rm: timer.ratio((True, rm), (False, rm))
                  for rm in (True, False)}
+  remat_ratios = {tied: timer.ratio((tied, True), (tied, False))
+                  for tied in (True, False)}
   tied_loss, tied_grads = variants[True, remat].value_and_grad(params, *probe)
   untied_loss, untied_grads = variants[False, remat].value_and_grad(
       params, *probe)
@@ -847,7 +856,7 @@ def run(args: argparse.Namespace) -> Results:
       config=config, trained=trained, losses=losses, step_times=step_times,
       tied_vars=tied_vars, untied_vars=untied_vars, variants=variants,
       step_medians=step_medians, step_spreads=step_spreads,
-      step_ratios=step_ratios, rounds=TIMING_ROUNDS,
+      step_ratios=step_ratios, remat_ratios=remat_ratios, rounds=TIMING_ROUNDS,
       loss_difference=abs(float(tied_loss) - float(untied_loss)),
       grad_difference=_max_abs_difference(tied_grads, untied_grads),
       barriers_kept=barriers_kept, load_training=load_training,

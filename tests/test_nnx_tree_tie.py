@@ -22,6 +22,8 @@ the plugin's own), so the suite's opted-out copy runs it too.
 """
 
 import functools
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -299,6 +301,44 @@ def test_tied_model_trains_in_tree_mode_as_the_shared_reference_in_graph_mode():
   assert_trees_close(pure(tied), pure(shared, graph=True))
   assert tied.down.kernel is tied.up.kernel
   assert tied_traces == 1  # one trace for three steps
+
+
+def _errors_quoted_by_the_dropout_section():
+  """docs/nnx.md's "Dropout and checkpoints": ``{error name: its quoted text}``."""
+  page = (pathlib.Path(__file__).parents[1] / 'docs' / 'nnx.md').read_text()
+  prose = page.split('## Dropout and checkpoints in tree mode')[1].split('```')[0]
+  return {name: ' '.join(text.split())
+          for name, text in re.findall(r'`(\w+Error): (.*?)`', prose, re.S)}
+
+
+def test_docs_quote_the_errors_of_a_dropout_step_that_takes_the_rng_state_along():
+  class DropoutLM(LM):
+
+    def __init__(self, vocab, features, *, rngs):
+      super().__init__(vocab, features, rngs=rngs)
+      self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, tokens):
+      return self.head(self.dropout(jax.nn.gelu(self.mix(self.embed(tokens)))))
+
+  model = tie(DropoutLM, {'head.kernel': ('embed.embedding', jnp.transpose)})(
+      8, 4, rngs=nnx.Rngs(0))
+  tokens = jnp.zeros((2, 3), jnp.int32)
+  loss = lambda model: model(tokens).mean()
+  # The whole state differentiated: the RNG count is a uint32.
+  with pytest.raises(TypeError) as whole:
+    nnx.grad(loss, graph=False)(model)
+  # The parameters differentiated, the rest closed over.
+  graphdef, params_, rest = nnx.split(model, nnx.Param, ..., graph=False)
+  with pytest.raises(Exception) as closed:  # pylint: disable=broad-except
+    nnx.grad(lambda p: loss(nnx.merge(graphdef, p, rest)), graph=False)(params_)
+  got = {type(e.value).__name__: str(e.value) for e in (whole, closed)}
+  quoted = _errors_quoted_by_the_dropout_section()
+  assert set(quoted) == set(got) == {'TypeError', 'TraceContextError'}, got
+  for name, text in quoted.items():
+    assert got[name].startswith(text), (text, got[name])
+  # The fix the page shows: the rest as a second argument.
+  nnx.grad(lambda p, r: loss(nnx.merge(graphdef, p, r)), graph=False)(params_, rest)
 
 
 def test_gradient_of_a_tied_variable_sums_both_uses():

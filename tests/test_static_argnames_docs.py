@@ -126,6 +126,24 @@ def test_row_is_what_upstream_flax_does(upstream_flax, call, result):
     assert got[1].startswith(message), (call, got[1])
 
 
+# -- Inside nn.scan -------------------------------------------------------------
+
+
+def test_the_scan_section_opens_with_the_warning_its_first_example_gives():
+  # The trap first: a keyword to a scanned remat without static_argnames is
+  # dropped with Flax's warning, quoted as Flax words it, and the example's
+  # assert shows the layers ran with their default (no dropout).
+  section = DOC.read_text().split('### Inside `nn.scan`')[1].split('\n### ')[0]
+  example = re.search(r'```python\n(.*?)```', section, re.S)[1]
+  assert 'static_argnames' not in example.split('# no static_argnames')[0]
+  quoted = re.search(r'```text\n\S+/(flax/core/lift\.py):\d+: (\w+): (.*)\n', section)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    exec(compile(example, str(DOC), 'exec'), {'__name__': 'static_arguments'})  # pylint: disable=exec-used
+  assert caught and {(w.filename.endswith(quoted[1]), w.category.__name__, str(w.message))
+                     for w in caught} == {(True, quoted[2], quoted[3])}
+
+
 # -- Errors and how to fix them ------------------------------------------------
 
 

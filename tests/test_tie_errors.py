@@ -90,6 +90,7 @@ def test_typo_in_source_module_path_raises_under_every_transform(wrap):
   message = str(info.value)
   assert_message_names(message, '/block_1/SelfAttention',
                        '/blok_0/SelfAttention', "'params'", 'block_0')
+  assert 'a misspelt path' in message
   assert_says_how_to_fix(message)
 
 

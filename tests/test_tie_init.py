@@ -578,6 +578,7 @@ def test_init_whose_method_never_runs_the_source_says_so():
     tied.init(jax.random.key(0), X, method=lambda m, x: m.b(x))
   message = str(info.value)
   assert '/a' in message and 'also runs the source' in message
+  assert '(a misspelt path, or a source that this init does not call)' in message
 
 
 class ScanLayer(nn.Module):

@@ -431,8 +431,8 @@ def held_in(path: Path, holders) -> str:
 def source_missing_at_init(tie, col: str, hint: str) -> TieError:
   return tie_error(
       f'The source {text(tie.source)} of the {tie.describe(col)} does not'
-      ' exist: nothing was stored there while initializing (this init ran its'
-      ' target, but no module at the source path).' + hint,
+      ' exist: init ran the target, but nothing was stored at the source path'
+      ' (a misspelt path, or a source that this init does not call).' + hint,
       FIX_PATH.format('source'),
       'Initialize with a method that also runs the source.')
 
