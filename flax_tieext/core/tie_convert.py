@@ -350,7 +350,7 @@ def stack_layers(x, layers: tuple[int, ...], at: int = 0, names=None):
     return np.array(_stacked(np, np.asarray(x), layers, at))
   sharding = x.sharding
   if isinstance(sharding, NamedSharding):
-    spec = (*sharding.spec, *(None,) * (x.ndim - len(sharding.spec)))
+    spec = tuple(sharding.spec)  # (axes past its end are unsharded)
     sharding = NamedSharding(sharding.mesh, PartitionSpec(
         *spec[:at], *(None,) * len(layers), *spec[at:]),
                              memory_kind=sharding.memory_kind)
@@ -406,9 +406,9 @@ def _check_like(tie, col: str, target, expected, stack=_UNSTACKED):
       raise tie_errors.not_equal(
           tie, col, f'shape or dtype of {leaf} differ ({x_shape}:{x_dtype}'
           f' vs {wanted}:{y_dtype}, what its source gives it).' + (
-              f' {leaf} has leading axes {more} that its source lacks, as in'
-              ' stacks of layers (one axis each, outer first): name them,'
-              f' e.g. stacks={{{tie.target[0]!r}: {more[0]}}}.'
+              f' {leaf} has one more leading axis per stack it lies in,'
+              f' {more}, than its source: name the stacks (outer first), e.g.'
+              f' stacks={{{tie.target[0]!r}: {more[0]}}}.'
               if not paths and more and x_shape[len(more):] == y_shape
               else ''))
 
