@@ -13,7 +13,9 @@ The tests that convert variables of plain Flax models run without the patch;
 every test that builds a tied model needs the Scope hooks the patch installs.
 """
 
+import dataclasses
 import re
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -247,6 +249,45 @@ def test_conversions_know_a_target_inside_a_targets_source():
   retied = flax_tieext.tie_variables(untied, ties)
   jax.tree_util.tree_map(np.testing.assert_array_equal, retied, variables)
 
+class LMHead(nn.Module):
+  """An embedding and a head with a bias: the head's kernel may be tied."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, D, name='embed')(tokens)
+    return nn.Dense(VOCAB, name='head')(x)
+
+
+KIND_TIES = {  # a variable tied to a module, and the reverse
+    'variable to module': ({'head/kernel': 'embed'},
+                           'the target is a variable but the source is a'
+                           ' module'),
+    'module to variable': ({'head': 'embed/embedding'},
+                           'the target is a module but the source is a'
+                           ' variable')}
+
+
+@needs_patch
+@pytest.mark.parametrize('kind', KIND_TIES)
+@pytest.mark.parametrize('convert', ['untie', 'tie'])
+def test_a_variable_tied_to_a_module_is_refused_as_nn_tie_refuses_it(
+    convert, kind):
+  """Conversions refuse what nn.tie refuses, with its message, where the
+  tree shows the target's kind: untie said the target was untied already
+  with other values, tie that they held different variables."""
+  ties, says = KIND_TIES[kind]
+  tokens = jnp.array([[1, 2]])
+  with pytest.raises(TieError, match=says):
+    nn.tie(LMHead, ties)().init(jax.random.key(0), tokens)
+  untied = LMHead().init(jax.random.key(0), tokens)
+  if convert == 'untie' and kind == 'module to variable':
+    # The layout of the model whose kernel is tied: head holds its bias.
+    del untied['params']['head']['kernel']
+  with pytest.raises(TieError) as info:
+    getattr(flax_tieext, f'{convert}_variables')(untied, ties)
+  assert_message_names(str(info.value), says, 'Tie a module to a module')
+
+
 
 # ---------------------------------------------------------------------------
 # Stacks.
@@ -413,6 +454,156 @@ def test_stacks_tied_whole_with_other_counts_are_refused(convert):
         variables, ties, stacks={'s1': 2, 's2': N})
   assert_message_names(str(info.value), 'the stack /s2 3 layers',
                        'the stack /s1, 2', "stacks={'s1': 3, 's2': 3}")
+
+
+class Ensemble(nn.Module):
+  """An ``nn.vmap`` ensemble of 2 around an ``nn.scan`` of ``N`` ``Layer``s.
+
+  ``Layer`` reads ``src`` (at the root, or inside each member: ``inner``).
+  """
+  inner: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    if not self.inner:
+      x = nn.Dense(tie_models.D, name='src')(x)
+    members = nn.vmap(Member, variable_axes={'params': 0},
+                      split_rngs={'params': True}, in_axes=None, axis_size=2)
+    return members(self.inner, name='ens')(x)
+
+
+class Member(nn.Module):
+  inner: bool
+
+  @nn.compact
+  def __call__(self, x):
+    if self.inner:
+      x = nn.Dense(tie_models.D, name='src')(x)
+    layers = nn.scan(Layer, variable_axes={'params': 0},
+                     split_rngs={'params': True}, length=N)
+    return layers(name='stack')(x, None)[0]
+
+
+def assert_unties_to_the_untied_model(model, ties, stacks, x=tie_models.X):
+  """Untied, the variables load into the untied model and tie back exactly."""
+  tied = nn.tie(type(model), ties)(**{
+      f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+      if f.name not in ('parent', 'name')})
+  variables = tied.init(jax.random.key(0), x)
+  untied = flax_tieext.untie_variables(variables, ties, stacks=stacks)
+  # The layout the untied model has (boxes compare partitioning names) ...
+  assert jax.tree_util.tree_map(np.shape, untied) == jax.tree_util.tree_map(
+      np.shape, model.init(jax.random.key(1), x))
+  # ... and the function the tied model computes.
+  assert_close(model.apply(untied, x), tied.apply(variables, x))
+  assert_trees_equal(
+      flax_tieext.tie_variables(untied, ties, stacks=stacks), variables)
+  return variables, untied
+
+
+@needs_patch
+@pytest.mark.parametrize('inner', [False, True],
+                         ids=['source at the root', 'source in each member'])
+@pytest.mark.parametrize('stacks', [{'ens': 2, 'ens/stack': N},
+                                    {'ens/stack': N, 'ens': 2}],
+                         ids=['outer first', 'inner first'])
+def test_nested_stacks_untie_to_the_untied_model(stacks, inner):
+  """Each stack around the target and not its source adds its layers' axis.
+
+  The copy was stacked for the first stack given only: (2, 4, 4), not
+  (2, 3, 4, 4); given inner first, or the source inside the ensemble, it was
+  refused with a count to give that was wrong, as tie_variables refused the
+  right layout.
+  """
+  ties = {'ens/stack/attn': 'ens/src' if inner else 'src'}
+  _, untied = assert_unties_to_the_untied_model(Ensemble(inner), ties, stacks)
+  assert untied['params']['ens']['stack']['attn']['kernel'].shape == (
+      2, N, tie_models.D, tie_models.D)
+
+
+@needs_patch
+def test_tie_back_names_the_layer_of_each_nested_stack_that_differs():
+  ties, stacks = {'ens/stack/attn': 'src'}, {'ens': 2, 'ens/stack': N}
+  variables = nn.tie(Ensemble, ties)().init(jax.random.key(0), tie_models.X)
+  untied = flax_tieext.untie_variables(variables, ties, stacks=stacks)
+  attn = untied['params']['ens']['stack']['attn']
+  attn['bias'] = attn['bias'].at[1, 2].add(1.0)
+  with pytest.raises(TieError) as info:
+    flax_tieext.tie_variables(untied, ties, stacks=stacks)
+  assert_message_names(str(info.value), '/ens/stack/attn/bias differs',
+                       'in layer 1 (axis 0) of the stack /ens,'
+                       ' in layer 2 (axis 1) of the stack /ens/stack')
+  # merge='mean' counts each layer of each stack as one copy.
+  source = variables['params']['src']['bias']
+  merged = flax_tieext.tie_variables(untied, ties, stacks=stacks,
+                                     merge='mean')
+  assert_close(merged['params']['src']['bias'], jnp.mean(jnp.concatenate(
+      [source[None], attn['bias'].reshape(-1, tie_models.D)]), axis=0))
+
+
+@needs_patch
+def test_naming_the_inner_stack_only_says_to_name_the_outer_one():
+  variables = nn.tie(Ensemble, {'ens/stack/attn': 'src'})().init(
+      jax.random.key(0), tie_models.X)
+  with pytest.raises(TieError) as info:
+    flax_tieext.untie_variables(variables, {'ens/stack/attn': 'src'},
+                                stacks={'ens/stack': N})
+  assert_message_names(str(info.value), 'stacks gives /ens/stack 3 layers',
+                       'a leading axis of 2 (axis 0 of shape (2, 3, ',
+                       'If it lies in a stack, name that one too')
+
+
+class NamedLayer(nn.Module):
+  """``Layer`` with partitioned kernels (``partitioning`` boxes them)."""
+  partitioning: Any
+
+  @nn.compact
+  def __call__(self, x, _):
+    init = self.partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+    h = (nn.Dense(tie_models.D, kernel_init=init, name='attn')(x)
+         + nn.Dense(tie_models.D, kernel_init=init, name='mlp')(x))
+    return jnp.tanh(h), None
+
+
+class NamedStack(nn.Module):
+  """A scan whose layer axis is named, as MaxText names it."""
+  partitioning: Any = nn.with_partitioning
+
+  @nn.compact
+  def __call__(self, x):
+    init = self.partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+    x = nn.Dense(tie_models.D, kernel_init=init, name='src')(x)
+    layers = nn.scan(NamedLayer, variable_axes={'params': 0},
+                     split_rngs={'params': True}, length=N,
+                     metadata_params={nn.PARTITION_NAME: 'layers'})
+    return layers(self.partitioning, name='layers')(x, None)[0]
+
+
+@needs_patch
+@pytest.mark.parametrize('partitioning', [nn.with_partitioning,
+                                          nn.with_logical_partitioning])
+def test_a_named_layer_axis_unties_with_its_name(partitioning):
+  """The copy's layer axis was unnamed, (None, 'embed', 'mlp'): the untied
+  model failed on a bare AssertionError in flax/core/meta.py."""
+  model = NamedStack(partitioning)
+  ties = {'layers/attn': 'src'}
+  _, untied = assert_unties_to_the_untied_model(model, ties, {'layers': N})
+  assert untied['params']['layers']['attn']['kernel'].names == (
+      'layers', 'embed', 'mlp')
+
+
+@needs_patch
+@pytest.mark.parametrize('convert', ['untie', 'tie'])
+def test_a_stacks_path_that_names_no_stack_is_refused(convert):
+  """{'layer': 3} for /layers wrote the target unstacked into the stack."""
+  variables, untied = _encoder_variables()
+  with pytest.raises(TieError) as info:
+    getattr(flax_tieext, f'{convert}_variables')(
+        variables if convert == 'untie' else untied, LAYERS_TIES,
+        stacks={'layer': 2})
+  assert_message_names(str(info.value),
+                       f"{convert}_variables(..., stacks={{'layer': 2}})",
+                       "'layer' names no stack", "Did you mean 'layers'?")
 
 
 class EncoderWithHead(nn.Module):

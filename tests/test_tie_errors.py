@@ -527,6 +527,8 @@ _UNTIED_TREE = {'params': {'a': {'w': jnp.ones(2)}, 'b': {'w': jnp.ones(2)}}}
                                        stacks=['b']), "stacks=['b']"),
     (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},
                                          stacks=['b']), "stacks=['b']"),
+    (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},
+                                         stacks={'b': 0}), "stacks={'b': 0}"),
     (lambda: flax_tieext.tie_variables(_UNTIED_TREE, {'b': 'a'},
                                        collections=123), 'collections=123'),
     (lambda: flax_tieext.untie_variables(_TIED_TREE, {'b': 'a'},

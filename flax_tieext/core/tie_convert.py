@@ -23,7 +23,6 @@ with the same ties that ``nn.tie`` / ``lift.tie`` take.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-import dataclasses
 import functools
 from typing import Any
 
@@ -39,6 +38,7 @@ from flax_tieext.core import tie_errors
 from flax_tieext.core import tie_spec
 
 _ABSENT = object()
+_UNSTACKED = ((), (), 0, ())  # (paths, layers, at, names) of no stack
 _MERGES = ('first', 'mean')
 
 
@@ -90,10 +90,11 @@ def tie_variables(
     collections: the tied collections (a collection filter).
     stacks: the paths of the model's stacks (``nn.scan`` / ``nn.vmap``
       modules with their variables along axis 0) mapped to their number of
-      layers, e.g. ``{'encoder/layers': 12}``. A target inside a stack whose
-      source is outside it has one copy of the source per layer. A stack
-      that is the target (or lies inside it) is scanned like its source: a
-      plain copy of the source's stack, which has as many layers.
+      layers, e.g. ``{'encoder/layers': 12}``; nested stacks each one, the
+      outer one's layers first (``{'ens': 2, 'ens/layers': 12}``). A target
+      inside stacks that do not hold its source has one copy of the source
+      per layer of each. A stack that is the target (or lies inside it) is
+      scanned like its source: a plain copy of the source's stack.
     merge: what a source becomes when its copies differ: None (refuse),
       ``'first'``, ``'mean'`` or a function ``(source, copies) -> source``.
 
@@ -102,13 +103,13 @@ def tie_variables(
 
   Raises:
     TieError: if a target is present but its source is not, a target differs
-      from its source in shape, dtype or partitioning names, or in value (in
-      any layer of a stack) while ``merge`` is None: tying would silently
-      drop the target's values. Also if ``merge`` is ``'mean'`` or a function
-      and a viewed copy differs from the view of its source, or a function
-      returns another shape or dtype than the source's. Also if ``stacks``
-      gives a stack tied whole (the target or inside it) another count than
-      its source's stack.
+      from its source in kind (a module tied to a variable), shape, dtype or
+      partitioning names, or in value (in any layer of a stack) while
+      ``merge`` is None: tying would silently drop the target's values. Also
+      if ``merge`` is ``'mean'`` or a function and a viewed copy differs from
+      the view of its source, or a function returns another shape or dtype
+      than the source's. Also if a path of ``stacks`` names no stack, or it
+      gives a stack tied whole another count than its source's stack.
   """
   if merge is not None and not callable(merge) and merge not in _MERGES:
     raise tie_errors.bad_merge(merge, _MERGES)
@@ -138,9 +139,10 @@ def untie_variables(
   The inverse of :func:`tie_variables`: the result loads into the untied
   model. A target inside a stack (``stacks``) whose source is outside it gets
   one copy of the source per layer; a stack tied whole (to another stack) is
-  a plain copy. Partitioning metadata (``nn.Partitioned``,
-  logical axes) is kept; a view moves the axis names with the axes (a
-  transposed view swaps them), and a stack's axis gets no name.
+  a plain copy. Partitioning metadata (``nn.Partitioned``, logical axes) is
+  kept; a view moves the axis names with the axes (a transposed view swaps
+  them), and a stack's axis gets the name that the variables beside the
+  target give it (``metadata_params={nn.PARTITION_NAME: 'layers'}``), if any.
 
   A copy lives where its source does: a plain tie shares the source's array,
   a view is computed on the source's devices (its sharding follows the view,
@@ -168,12 +170,13 @@ def untie_variables(
   Raises:
     TieError: if a source is missing, a target is present (untied already)
       with other values than its source gives it (writing over it would drop
-      them), a target inside a stack that
-      ``stacks`` does not name would be written unstacked (known by the
-      stacked variables stored beside the target: a stack that holds nothing
-      but tied targets cannot be told from a module, so name it), ``stacks``
-      gives a tied stack another count than its source's stack, or a view
-      moves a partitioned axis in a way whose names cannot be followed.
+      them) or the tree shows it to be of another kind (a module tied to a
+      variable), a target inside a stack that ``stacks`` does not name would
+      be written unstacked (known by the stacked variables stored beside the
+      target: a stack that holds nothing but tied targets cannot be told from
+      a module, so name it), a path of ``stacks`` names no stack, or gives a
+      tied stack another count than its source's stack, or a view moves a
+      partitioned axis in a way whose names cannot be followed.
   """
   out = _given(variables, ties, collections, 'untie_variables')
   # Outer targets first: a tied path inside a target's source is written
@@ -185,9 +188,10 @@ def untie_variables(
     if present and not holds(tie, col, present, value, stack):
       raise tie_errors.convert_target_present(tie, col)
   for tie, col, value, stack in found:
-    if stack is not None:
+    if stack[1]:
       value = jax.tree_util.tree_map(
-          lambda x, n=stack[1]: stack_layers(x, n), value, is_leaf=tie_spec.is_box)
+          lambda x, s=stack: stack_layers(x, *s[1:]), value,
+          is_leaf=tie_spec.is_box)
     out[col] = _with_path(out[col], tie.target, value)
   return out
 
@@ -207,17 +211,26 @@ def _given(variables, ties, collections, api: str):
 def _viewed_sources(tree, ties, collections, verb, stacks):
   """Yields ``(tie, col, source seen through the view, stack)`` of each tie.
 
-  ``stack`` is ``(path, layers)`` of the stack that holds the target inside
-  it but not the source, or None. Skips the collections in which neither
-  path of the tie holds anything.
+  ``stack`` is ``(paths, layers, at, names)`` of the stacks that hold the
+  target but not the source, outer first: their layers take the axes from
+  ``at`` on, named as beside the target. Skips the collections in which
+  neither path of the tie holds anything.
   """
   stacks = _stack_paths(stacks, api=f'{verb}_variables')
   normal = tie_spec.normalize(ties, collections, ())
+  known = {p[:n] for col in tree.values() for p, _ in tie_spec.flatten(col)
+           for n in range(1, len(p))} | {t.target[:n] for t in normal
+                                         for n in range(1, len(t.target))}
+  for path, layers in (stacks or {}).items():  # else a typo: left unnamed
+    if path not in known and not any(
+        tie_spec.is_within(path, t.target) for t in normal):
+      raise tie_errors.no_stack(f'{verb}_variables', '/'.join(path), layers,
+                                ['/'.join(p) for p in known])
   for tie in normal:
-    stack = next(((path, n) for path, n in (stacks or {}).items()
-                  if len(tie.target) > len(path)
-                  and tie_spec.is_within(tie.target, path)
-                  and not tie_spec.is_within(tie.source, path)), None)
+    around = sorted(p for p in stacks or () if len(tie.target) > len(p)
+                    and tie_spec.is_within(tie.target, p))
+    inner = [(p, axis) for axis, p in enumerate(around)
+             if not tie_spec.is_within(tie.source, p)]
     cols = [c for c in tree if tie.applies_to(c)]
     for col in cols:
       source = tie_spec.walk(tree[col], tie.source)
@@ -230,12 +243,18 @@ def _viewed_sources(tree, ties, collections, verb, stacks):
           continue
         raise tie_errors.convert_source_missing(
             verb, tie, col, tie_errors.nearest(tree[col], tie.source))
+      for target in (tie_spec.walk(tree[c], tie.target) for c in tree):
+        if target is not None and isinstance(target, Mapping) != isinstance(
+            source, Mapping):  # as nn.tie refuses it, where a tree shows it
+          raise tie_errors.kinds_differ(tie, col, isinstance(target, Mapping))
       _check_tied_stacks(source, tie, col, stacks or {}, verb)
       if stacks is None and verb == 'untie':
         refuse_unnamed_stack(tree[col], tie, col)
-      if stack is not None:
-        check_layers(tree[col], tie, col, stack, verb)
-      yield tie, col, tie_spec.apply_views(tie, source), stack
+      names = tuple(check_layers(tree[col], tie, col, (p, stacks[p]), verb,
+                                 axis) for p, axis in inner)
+      yield tie, col, tie_spec.apply_views(tie, source), (
+          tuple(p for p, _ in inner), tuple(stacks[p] for p, _ in inner),
+          inner[0][1] if inner else 0, names)
 
 
 def _stack_paths(stacks, sep: str = '/', api: str = 'tie_variables'):
@@ -243,112 +262,111 @@ def _stack_paths(stacks, sep: str = '/', api: str = 'tie_variables'):
   if stacks is None:
     return None
   if not isinstance(stacks, Mapping) or not all(
-      isinstance(p, str) for p in stacks):
+      isinstance(p, str) and isinstance(n, int) and n > 0
+      for p, n in stacks.items()):
     raise tie_errors.bad_argument(
         api, 'stacks', stacks, "a mapping of each stack's path to its number"
-        " of layers, e.g. {'encoder/layers': 12}")
-  out = {}
-  for path, layers in stacks.items():
-    parsed = tuple(p for p in path.strip(sep).split(sep) if p not in ('', '.'))
-    if not isinstance(layers, int) or layers < 1:
-      raise tie_errors.bad_stack_count(path, layers)
-    out[parsed] = layers
-  return out
+        " of layers (a positive int), e.g. {'encoder/layers': 12}")
+  return {tuple(p for p in path.strip(sep).split(sep) if p not in ('', '.')):
+          layers for path, layers in stacks.items()}
 
 
 def _check_tied_stacks(source, tie, col, stacks, verb):
   """A stack that is the target or lies in it is tied to the source's twin.
 
-  A tied stack is scanned like its source, layer for layer: it is a plain
-  copy of a stack of as many layers (the source's own axis), so ``stacks``
-  may not give the two different counts.
+  It is a plain copy of it, layer axis included (scanned like its source):
+  ``stacks`` may not give the two different counts.
   """
   for path, layers in stacks.items():
     twin = tie.source + path[len(tie.target):]
     if not tie_spec.is_within(path, tie.target) or stacks.get(
         twin, layers) == layers:
       continue
-    node = tie_spec.walk(source, path[len(tie.target):])
-    shapes = [np.shape(tie_spec.unbox(x)) for _, x in (
-        [] if node is None else tie_spec.flatten(node))]
-    n = shapes[0][0] if shapes and shapes[0] else 'N'
+    n = next((s[0] for _, x in tie_spec.flatten(tie_spec.walk(
+        source, path[len(tie.target):]) or {}) if (s := np.shape(
+            tie_spec.unbox(x)))), 'N')
     raise tie_errors.tie_error(
         f'Cannot {verb} {tie_errors.text(tie.target)} and'
         f' {tie_errors.text(tie.source)} in collection {col!r}: stacks gives'
         f' the stack {tie_errors.text(path)} {layers} layers but its source,'
         f' the stack {tie_errors.text(twin)}, {stacks[twin]}. A tied stack is'
-        ' scanned like its source, layer for layer: it is a plain copy of the'
-        ' source, layer axis included, so both have as many layers.',
+        ' scanned like its source: a plain copy of it, layer axis included.',
         'Give both stacks the number of layers of the source:'
         f' stacks={{{"/".join(twin)!r}: {n}, {"/".join(path)!r}: {n}}}.')
 
 
-def check_layers(tree, tie, col, stack, verb):
-  """The stack's count must be the leading axis of what is stored beside.
+def check_layers(tree, tie, col, stack, verb, axis: int = 0):
+  """The stack's count must be ``axis`` of what is stored beside; its name.
 
-  The variables of a stack other than the target (its siblings) have one
-  layer per step along axis 0; a count that differs would write, or expect, a
-  target that does not fit beside them.
+  The variables beside the target have one layer per step along ``axis``
+  (after those of the stacks around it): a count that differs would write,
+  or expect, a target that does not fit. Returns the axis's name, or None.
   """
   path, layers = stack
-  node = tie_spec.walk(tree, path)
-  if not isinstance(node, Mapping):
-    return
-  rest = tie.target[len(path):]
-  for leaf_path, leaf in tie_spec.flatten(node):
-    if tie_spec.is_within(leaf_path, rest):
-      continue  # the target itself
+  name = None
+  for leaf_path, leaf in _beside(tree, path, tie.target):
     shape = np.shape(tie_spec.unbox(leaf))
-    if not shape or shape[0] != layers:
+    if len(shape) <= axis or shape[axis] != layers:
       raise tie_errors.stack_count_differs(
-          verb, tie, col, path, layers, path + leaf_path, shape)
+          verb, tie, col, path, layers, path + leaf_path, shape, axis)
+    name = name or (*(getattr(leaf, 'names', None) or ()), *[None] * axis,
+                    None)[axis]
+  return name
+
+
+def _beside(tree, path, target):
+  """``[(path below path, leaf)]`` of what ``path`` holds beside ``target``."""
+  node = tie_spec.walk(tree, path)
+  return [(p, x) for p, x in tie_spec.flatten(node) if not tie_spec.is_within(
+      path + p, target)] if isinstance(node, Mapping) else []
 
 
 def refuse_unnamed_stack(tree, tie, col):
   """A target below stacked variables would be written unstacked: refuse."""
-  source = tie_spec.walk(tree, tie.source)
-  source_leaves = {} if source is None else dict(tie_spec.flatten(source))
+  leads = lambda leaves: {np.shape(tie_spec.unbox(x))[:1] for _, x in leaves}
+  source = leads(tie_spec.flatten(tie_spec.walk(tree, tie.source)))
   for depth in range(len(tie.target) - 1, 0, -1):
     if tie_spec.is_within(tie.source, tie.target[:depth]):
       return
-    node = tie_spec.walk(tree, tie.target[:depth])
-    leaves = [np.shape(tie_spec.unbox(x)) for path, x in tie_spec.flatten(node)
-              if not tie_spec.is_within(tie.target[:depth] + path, tie.target)
-              ] if isinstance(node, Mapping) else []  # beside the target
-    lengths = {s[0] for s in leaves if s}
-    if len(leaves) and len(lengths) == 1 and all(
-        len(s) > 0 for s in leaves) and not any(
-            np.shape(tie_spec.unbox(x))[:1] == tuple(lengths)
-            for x in source_leaves.values()):
-      (n,) = lengths
+    beside = leads(_beside(tree, tie.target[:depth], tie.target))
+    if len(beside) == 1 and () not in beside and not beside & source:
+      ((n,),) = beside
       raise tie_errors.unnamed_stack(tie, col, tie.target[:depth], n)
 
 
-def stack_layers(x, layers):
-  """``x`` repeated along a new leading axis of ``layers`` (boxes too).
+def stack_layers(x, layers: tuple[int, ...], at: int = 0, names=None):
+  """``x`` repeated along new axes of ``layers`` (their counts) at ``at``.
 
-  A ``jax.Array`` is broadcast on its devices; a ``NamedSharding`` gains an
-  unsharded leading axis.
+  A box's partitioning names gain ``names`` there (None: unnamed). A
+  ``jax.Array`` is broadcast on its devices; a ``NamedSharding`` gains
+  unsharded axes.
   """
   if tie_spec.is_box(x):
-    names = getattr(x, 'names', None)
-    stacked = x.replace_boxed(stack_layers(x.unbox(), layers))
-    return stacked if names is None else stacked.replace(
-        names=(None, *names))
-  if isinstance(x, jax.Array):
-    sharding = x.sharding
-    if isinstance(sharding, NamedSharding):
-      sharding = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec),
-                               memory_kind=sharding.memory_kind)
-    else:
-      sharding = None  # one device: jit keeps it there
-    return _broadcast(layers, sharding)(x)
-  return np.broadcast_to(np.asarray(x), (layers, *np.shape(x))).copy()
+    old = getattr(x, 'names', None)
+    stacked = x.replace_boxed(stack_layers(x.unbox(), layers, at))
+    return stacked if old is None else stacked.replace(names=(
+        *old[:at], *(names or (None,) * len(layers)), *old[at:]))
+  if not isinstance(x, jax.Array):
+    return np.array(_stacked(np, np.asarray(x), layers, at))
+  sharding = x.sharding
+  if isinstance(sharding, NamedSharding):
+    spec = tuple(sharding.spec)  # (axes past its end are unsharded)
+    sharding = NamedSharding(sharding.mesh, PartitionSpec(
+        *spec[:at], *(None,) * len(layers), *spec[at:]),
+                             memory_kind=sharding.memory_kind)
+  else:
+    sharding = None  # one device: jit keeps it there
+  return _broadcast(layers, at, sharding)(x)
+
+
+def _stacked(xp, x, layers, at):
+  return xp.broadcast_to(xp.expand_dims(x, tuple(range(at, at + len(
+      layers)))), (*x.shape[:at], *layers, *x.shape[at:]))
 
 
 @functools.lru_cache(maxsize=64)
-def _broadcast(layers: int, sharding):
-  return jax.jit(lambda x: jnp.broadcast_to(x, (layers, *x.shape)),
+def _broadcast(layers: tuple[int, ...], at: int, sharding):
+  return jax.jit(functools.partial(_stacked, jnp, layers=layers, at=at),
                  out_shardings=sharding)
 
 
@@ -360,12 +378,13 @@ def _leaf_pairs(target, expected):
   return [(tuple(k.key for k in path), x, y) for (path, x), y in zip(flat, ys)]
 
 
-def _check_like(tie, col: str, target, expected, stack=None):
+def _check_like(tie, col: str, target, expected, stack=_UNSTACKED):
   """Raises unless a stored target is shaped as what its source gives it.
 
-  The same variables, partitioning names, shapes and dtypes; inside a stack
-  (``(path, layers)``), with one more leading axis of ``layers``.
+  The same variables, partitioning names, shapes and dtypes; inside stacks
+  (``(paths, layers, at, names)``), with the axes of ``layers`` at ``at``.
   """
+  paths, layers, at, _ = stack
   x_def = jax.tree_util.tree_structure(target, is_leaf=tie_spec.is_box)
   y_def = jax.tree_util.tree_structure(expected, is_leaf=tie_spec.is_box)
   if x_def != y_def:
@@ -374,71 +393,51 @@ def _check_like(tie, col: str, target, expected, stack=None):
   for path, x, y in _leaf_pairs(target, expected):
     leaf = tie_errors.text(tie.target + path)
     x_names, y_names = getattr(x, 'names', None), getattr(y, 'names', None)
-    if stack is not None and x_names is not None:
-      x_names = x_names[1:]
+    if x_names is not None:
+      x_names = (*x_names[:at], *x_names[at + len(layers):])
     if x_names != y_names:
       raise tie_errors.not_equal(tie, col, f'the partitioning names of {leaf}'
                                  f' differ ({x_names} vs {y_names}).')
     (x_shape, x_dtype), (y_shape, y_dtype) = (
         tie_spec.shape_dtype(tie_spec.unbox(x)), tie_spec.shape_dtype(tie_spec.unbox(y)))
-    wanted = y_shape if stack is None else (stack[1], *y_shape)
+    wanted = (*y_shape[:at], *layers, *y_shape[at:])
     if x_shape != wanted or x_dtype != y_dtype:
-      hint = ''
-      if stack is None and x_shape and x_shape[1:] == y_shape:
-        hint = (f' {leaf} has one more leading axis ({x_shape[0]}) than its'
-                ' source, as in a stack of layers: name the stack, e.g.'
-                f' stacks={{{tie.target[0]!r}: {x_shape[0]}}}.')
-      elif stack is not None:
-        hint = (f' {leaf} lies in the stack {tie_errors.text(stack[0])} of'
-                f' {stack[1]} layers (axis 0), so it needs shape {wanted}.')
+      more = x_shape[:len(x_shape) - len(y_shape)]
       raise tie_errors.not_equal(
-          tie, col, f'shape or dtype of {leaf} differ'
-          f' ({x_shape}:{x_dtype} vs {y_shape}:{y_dtype}).' + hint)
+          tie, col, f'shape or dtype of {leaf} differ ({x_shape}:{x_dtype}'
+          f' vs {wanted}:{y_dtype}, what its source gives it).' + (
+              f' {leaf} has one more leading axis per stack it lies in,'
+              f' {more}, than its source: name the stacks (outer first), e.g.'
+              f' stacks={{{tie.target[0]!r}: {more[0]}}}.'
+              if not paths and more and x_shape[len(more):] == y_shape
+              else ''))
 
 
 def holds(tie, col: str, target, expected, stack) -> bool:
   """Whether a stored target equals what its source gives it."""
   try:
-    _check_like(tie, col, target, expected, stack)
+    _check_like(tie, col, target, expected, stack or _UNSTACKED)
   except tie_errors.TieError:
     return False
   return all(_compare(tie_spec.unbox(x), tie_spec.unbox(y),
-                      stack is not None)[0].all()
+                      _axes(stack or _UNSTACKED))[0].all()
              for _, x, y in _leaf_pairs(target, expected))
 
 
-@dataclasses.dataclass
-class _Copy:
-  """A stored target leaf and what its source gives it."""
+def _copies(found):
+  """``[(tie, col, path, target, expected, stack)]`` of each stored target leaf.
 
-  tie: tie_spec.Tie
-  col: str
-  path: tuple[str, ...]  # below tie.target (and tie.source)
-  target: Any
-  expected: Any
-  stack: tuple[tuple[str, ...], int] | None
-
-  @property
-  def source_key(self) -> tuple[str, tuple[str, ...]]:
-    """``(collection, path of the source leaf)``."""
-    return self.col, self.tie.source + self.path
-
-
-def _copies(found) -> list[_Copy]:
-  """Every stored target leaf, as a copy of its final source's leaf.
-
-  A leaf inside two targets (a tie inside the target of another) is the copy
-  of the tie whose target is deeper: its source is the final one.
+  Each a copy of its final source's leaf: a leaf inside two targets (a tie
+  inside the target of another) is the copy of the tie whose target is
+  deeper, whose source is the final one.
   """
   targets = {(col, tie.target) for tie, col, _, _, _ in found}
-  copies = []
-  for tie, col, target, expected, stack in found:
-    for path, x, y in _leaf_pairs(target, expected):
-      full = tie.target + path
-      if not any((col, full[:n]) in targets
-                 for n in range(len(tie.target) + 1, len(full) + 1)):
-        copies.append(_Copy(tie, col, path, x, y, stack))
-  return copies
+  return [(tie, col, path, x, y, stack)
+          for tie, col, target, expected, stack in found
+          for path, x, y in _leaf_pairs(target, expected)
+          if not any((col, (tie.target + path)[:n]) in targets
+                     for n in range(len(tie.target) + 1,
+                                    len(tie.target + path) + 1))]
 
 
 def _merge_copies(out, found, merge) -> dict[str, Any]:
@@ -450,34 +449,29 @@ def _merge_copies(out, found, merge) -> dict[str, Any]:
   """
   if merge == 'first':
     return out  # the source's values, whatever its copies hold
-  copies = _copies(found)
-  by_source = {}
-  for copy in copies:
-    by_source.setdefault(copy.source_key, []).append(copy)
-  differ = {}
-  for copy in copies:
-    same, gap = _compare(tie_spec.unbox(copy.target),
-                         tie_spec.unbox(copy.expected), copy.stack is not None)
+  by_source, differ = {}, {}
+  for copy in _copies(found):
+    tie, col, path, x, y, stack = copy
+    by_source.setdefault((col, tie.source + path), []).append(copy)
+    same, gap = _compare(tie_spec.unbox(x), tie_spec.unbox(y), _axes(stack))
     if not same.all():
-      differ.setdefault(copy.source_key, []).append((copy, same, gap))
+      differ.setdefault((col, tie.source + path), []).append((copy, same, gap))
   for (col, source), differing in differ.items():
-    viewed = next((c for c, _, _ in differing if c.tie.view is not None),
-                  None)
+    viewed = next((c for c, _, _ in differing if c[0].view is not None), None)
     if merge is None:
-      copy, same, gap = differing[0]
-      layer = None if copy.stack is None else int(np.argmin(same))
+      (tie, _, path, _, _, stack), same, gap = differing[0]
+      layer = np.unravel_index(np.argmin(same), np.shape(same))
       raise tie_errors.copies_differ(
-          copy.tie, col, copy.tie.target + copy.path, source,
-          float(gap if layer is None else gap[layer]), layer, copy.stack,
-          None if viewed is None else viewed.tie)
+          tie, col, tie.target + path, source, float(gap[layer]),
+          tuple(map(int, layer)), stack, viewed and viewed[0])
     if viewed is not None:
       raise tie_errors.merge_through_view(
-          viewed.tie, col, viewed.tie.target + viewed.path, source,
-          _name(merge))
+          viewed[0], col, viewed[0].target + viewed[2], source, _name(merge))
     leaf = tie_spec.walk(out[col], source)
     value = _merged(merge, col, source, tie_spec.unbox(leaf), [
-        (tie_spec.unbox(c.target), c.stack is not None)
-        for c in by_source[col, source] if c.tie.view is None])
+        (tie_spec.unbox(x), _axes(stack))
+        for tie, _, _, x, _, stack in by_source[col, source]
+        if tie.view is None])
     out[col] = _with_path(out[col], source, leaf.replace_boxed(value)
                           if tie_spec.is_box(leaf) else value)
   return out
@@ -488,10 +482,16 @@ def _name(merge) -> str:
       merge, '__name__', repr(merge))
 
 
-def _compare(x, y, stacked: bool):
+def _axes(stack) -> tuple[int, ...]:
+  """The axes of a stacked copy that hold its layers."""
+  return tuple(range(stack[2], stack[2] + len(stack[1])))
+
+
+def _compare(x, y, stacked: tuple[int, ...]):
   """``(equal, max abs difference)`` of ``x`` and ``y``, per layer if stacked.
 
-  A jitted reduction on the arrays' devices whose small result is replicated,
+  ``stacked`` are the axes of ``x`` that ``y`` lacks, its stacks' layers. A
+  jitted reduction on the arrays' devices whose small result is replicated,
   so every process of a job reads the same answer from its own devices.
   """
   sharding = next((a.sharding for a in (x, y) if isinstance(a, jax.Array)),
@@ -501,11 +501,10 @@ def _compare(x, y, stacked: bool):
 
 
 @functools.lru_cache(maxsize=64)
-def _comparison(stacked: bool, out_sharding):
+def _comparison(stacked: tuple[int, ...], out_sharding):
   def compare(x, y):
-    if stacked:
-      y = jnp.expand_dims(y, 0)
-    axes = tuple(range(1 if stacked else 0, jnp.ndim(x)))
+    y = jnp.expand_dims(y, stacked)
+    axes = tuple(i for i in range(jnp.ndim(x)) if i not in stacked)
     same = jnp.all(x == y, axis=axes)
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
       x, y = x.astype(jnp.float32), y.astype(jnp.float32)
@@ -514,11 +513,8 @@ def _comparison(stacked: bool, out_sharding):
 
 
 def _one_device(sharding) -> bool:
-  """Whether ``sharding`` places an array on one device, unnamed.
-
-  By its devices, not by type: ``jax.sharding.SingleDeviceSharding`` is
-  deprecated from JAX 0.12.1 on, and its replacements are not in older JAX.
-  """
+  # By its devices, not by type: ``jax.sharding.SingleDeviceSharding`` is
+  # deprecated from JAX 0.12.1 on, and its replacements are not in older JAX.
   return not isinstance(sharding, NamedSharding) and len(
       sharding.device_set) == 1
 
@@ -527,8 +523,6 @@ def _replicated(sharding):
   """A sharding replicated over the devices of ``sharding`` (None: none)."""
   if sharding is None or _one_device(sharding):
     return sharding
-  if isinstance(sharding, NamedSharding):
-    return NamedSharding(sharding.mesh, PartitionSpec())
   devices = getattr(sharding, '_device_assignment', None) or sorted(
       sharding.device_set, key=lambda d: d.id)
   return NamedSharding(Mesh(np.array(devices), ('devices',)), PartitionSpec())
@@ -540,7 +534,7 @@ def _read(x):
 
 
 def _merged(merge, col: str, source: tuple[str, ...], value, copies):
-  """The merge of ``value`` (a source) and its ``copies`` (``(array, stacked)``).
+  """The merge of ``value`` (a source) and ``copies`` (``(array, layer axes)``).
 
   Computed under jit where the source lives, with the source's sharding.
   """
@@ -556,15 +550,14 @@ def _merged(merge, col: str, source: tuple[str, ...], value, copies):
         f'{got[0]}:{got[1]}', f'{wanted[0]}:{wanted[1]}')
   if not isinstance(value, jax.Array):
     return jax.device_get(jax.jit(merge_fn)(value, arrays))
-  sharding = value.sharding
-  if _one_device(sharding):
-    sharding = None  # one device: jit keeps it there, committed or not
-  return jax.jit(merge_fn, out_shardings=sharding)(value, arrays)
+  return jax.jit(merge_fn, out_shardings=None if _one_device(
+      value.sharding) else value.sharding)(value, arrays)
 
 
 def _merge_fn(merge, stacked, source, copies):
-  layers = [layer for copy, s in zip(copies, stacked)
-            for layer in (list(copy) if s else [copy])]
+  layers = [layer for copy, axes in zip(copies, stacked)
+            for layer in jnp.moveaxis(copy, axes, range(len(axes))).reshape(
+                (-1, *jnp.shape(source)))]
   if merge == 'mean':
     return jnp.mean(jnp.stack([source, *layers]), axis=0).astype(
         jnp.result_type(source))
@@ -579,14 +572,10 @@ def _unfreeze(tree):
 
 def _with_path(tree, path, value):
   tree = dict(tree)
-  if len(path) == 1:
-    if value is _ABSENT:
-      tree.pop(path[0], None)
-    else:
-      tree[path[0]] = value
-    return tree
-  child = tree.get(path[0], {})
-  tree[path[0]] = _with_path(child, path[1:], value)
-  if value is _ABSENT and not tree[path[0]]:
-    del tree[path[0]]
+  child = value if len(path) == 1 else _with_path(tree.get(path[0], {}),
+                                                  path[1:], value)
+  if child is _ABSENT or value is _ABSENT and not child:
+    tree.pop(path[0], None)
+  else:
+    tree[path[0]] = child
   return tree

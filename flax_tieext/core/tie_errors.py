@@ -492,18 +492,22 @@ def no_counterpart(tie, col: str, path: Path, hint: str) -> TieError:
 
 
 def stack_count_differs(verb: str, tie, col: str, stack: Path, layers: int,
-                        leaf: Path, shape) -> TieError:
+                        leaf: Path, shape, axis: int = 0) -> TieError:
   """``stacks`` names a count that the stack's other variables do not have."""
-  found = (f'a leading axis of {shape[0]}' if shape else 'no leading axis')
-  fix = (f' stacks={{{tie.sep.join(stack)!r}: {shape[0]}}}' if shape else '')
+  n = shape[axis] if len(shape) > axis else None
+  found = 'no leading axis' if n is None else f'a leading axis of {n}'
   return tie_error(
       f'Cannot {verb} {tie.text(tie.target)}{_in(col)}: stacks gives'
       f' {tie.text(stack)} {layers} layers, but {tie.text(leaf)}, stored'
-      f' beside the target in that stack, has {found} (shape'
-      f' {tuple(shape)}). A target inside a stack has one copy of its source'
-      ' per layer, as many as its siblings.',
-      f'Give the stack its number of layers:{fix}.' if fix else
-      f'Name only stacks in stacks= ({tie.text(stack)} is not one).')
+      f' beside the target in that stack, has {found} (axis {axis} of shape'
+      f' {tuple(shape)}).'
+      ' A target inside a stack has one copy of its source per layer, as'
+      ' many as its siblings, after the axes of the stacks named around it.',
+      f'Name only stacks in stacks= ({tie.text(stack)} is not one).' if n is
+      None else 'Give the stack its number of layers:'
+      f' stacks={{{tie.sep.join(stack)!r}: {n}}}.',
+      'If it lies in a stack, name that one too (its layers come first).'
+      if layers in shape[axis + 1:] else '')
 
 
 def convert_source_missing(verb: str, tie, col: str | None,
@@ -526,9 +530,14 @@ def convert_target_present(tie, col: str | None) -> TieError:
       ' as they are.')
 
 
-def bad_stack_count(path: str, layers) -> TieError:
-  return TieError(f'stacks[{path!r}] must be the number of layers of the'
-                  f' stack, a positive int; got {layers!r}.')
+def no_stack(api: str, path: str, layers, known) -> TieError:
+  """A path of ``stacks`` that is no module: its stack would go unnamed."""
+  return tie_error(
+      f'{api}(..., stacks={{{path!r}: {layers!r}}}): {path!r} names no stack'
+      f' (nothing is stored at /{path}, no tied target lies in it): the one it'
+      f' means is left unnamed.{did_you_mean(path, known)}',
+      'Give the path of each nn.scan / nn.vmap module from the root module,'
+      " e.g. stacks={'encoder/layers': 12}.")
 
 
 def unnamed_stack(tie, col: str, stack: Path, n: int) -> TieError:
@@ -560,14 +569,16 @@ def bad_merge(merge, merges: Sequence[str]) -> TieError:
 
 
 def copies_differ(tie, col: str, leaf: Path, source: Path, gap: float,
-                  layer: int | None, stack, viewed) -> TieError:
+                  layer: tuple[int, ...], stack, viewed) -> TieError:
   """A stored copy differs from its source, and no ``merge`` was chosen.
 
-  ``viewed`` is a viewed tie among the copies of that source leaf (then only
+  ``layer`` is the one that differs in each stack of ``stack``. ``viewed`` is
+  a viewed tie among the copies of that source leaf (then only
   ``merge='first'`` applies), or None.
   """
-  where = '' if layer is None else (
-      f' in layer {layer} (axis 0) of the stack {text(stack[0])}')
+  where = ','.join(f' in layer {i} (axis {stack[2] + n}) of the stack'
+                   f' {text(path)}' for n, (i, path) in enumerate(
+                       zip(layer, stack[0])))
   why_not = '' if viewed is None else (
       f" merge='mean' or a function cannot merge them: {text(viewed.target)}"
       ' is a copy through the view of its tie, which tie_variables does not'

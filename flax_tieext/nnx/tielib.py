@@ -843,7 +843,7 @@ def untie_state(state: nnx.State, ties,
           record, meta.Partitioned(source.get_value(), v)).names
                for k, v in names.items()}
     if stack is not None:  # as nnx.vmap stacks: a new unnamed axis 0
-      value = tie_convert.stack_layers(value, stack[1])
+      value = tie_convert.stack_layers(value, stack[1:])
       names = {k: (None, *v) for k, v in names.items()}
     if record.target in flat:  # untied already: only as it would be written
       if not tie_convert.holds(record, None, flat[record.target].get_value(),
