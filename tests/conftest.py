@@ -339,11 +339,22 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize('patch_mode', ['patched', OPTED_OUT], indirect=True)
 
 
+# Directories whose tests are all end_to_end: the Flax-style tests of what
+# patches/ proposes (tests/upstream/, in Flax's test style, so without our
+# markers), which repeat the features' own suites in Flax's form.
+END_TO_END_DIRS = (ROOT / 'tests' / 'upstream',)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k reads the markers
 def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if any(d in item.path.parents for d in END_TO_END_DIRS):
+      item.add_marker(pytest.mark.end_to_end)
   named = {pathlib.Path(arg.split('::')[0]).resolve() for arg in config.args}
+  named.discard(ROOT / 'tests')  # a file or a directory below it, named
   def left_out(item):
     if (item.get_closest_marker('end_to_end') and not config.getoption('end_to_end')
-        and item.path not in named):
+        and item.path not in named and named.isdisjoint(item.path.parents)):
       return True
     callspec = getattr(item, 'callspec', None)
     return (

@@ -416,9 +416,11 @@ class SharingBlock(nn.Module):
     return jnp.tanh(x + dense(x))
 
 
-# Four call sites (a replay of a replay) with --end-to-end and in CI.
+# Four call sites (a replay of a replay), and the source first, with
+# --end-to-end and in CI.
 @pytest.mark.parametrize('n', [3, pytest.param(4, marks=pytest.mark.end_to_end)])
-@pytest.mark.parametrize('first', ['source_first', 'target_first'])
+@pytest.mark.parametrize('first', [
+    pytest.param('source_first', marks=pytest.mark.end_to_end), 'target_first'])
 @pytest.mark.parametrize('kind',
                          ['variable', 'module', 'inner', 'inner_one_trace'])
 def test_ties_into_call_sites_of_one_nn_jit_class_share_one_instance(
