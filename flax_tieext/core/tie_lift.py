@@ -183,23 +183,24 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       path = tie.source
       parent, _ = reach(scope, path[:-1])
       node = None if parent is None else walk(parent._collection(col), path[-1:])
-      if node is None or (isinstance(node, Mapping) and not node):
+      unstored = node is None or (isinstance(node, Mapping) and not node)
+      if unstored and (col != 'params' or tie.view is not None):
         continue  # nothing stored yet: the target initializes its own copy
-      if not isinstance(node, Mapping):
+      if not unstored and not isinstance(node, Mapping):
         path = path[:-1]  # a variable: lift its module
       if path in paths or any(is_within(path, s.path) for s in scopes):
         continue
       paths.add(path)
       source, _ = reach(scope, path, rngs=True)
       values, crossed = reach(scope, path)
-      if crossing.maps and name == 'scan' and (
+      if crossing.maps and name == 'scan' and not unstored and (
           scanned := _scanned_collections(tie, scope, call)):
         # Scanned over as the stack's own variables are (Packed.stacked).
         extra.append(Lifted(_detached(source, {
             c: values._collection(c) for c in scanned}), source, False,
                             _Lift(source, (), name, True, False, False, None),
                             scanned=True))
-      elif crossing.maps:
+      elif crossing.maps or unstored:  # its streams (ties.share_rngs)
         extra.append(Lifted(_detached(source, {}), source, True, None))
       elif crossed or (tie, col) in met:  # a closed-over value: lift it as one
         extra.append(Lifted(_detached(source, {
@@ -366,12 +367,15 @@ class Packed:
         (e.rngs_only, e.closure) for e in extra]
     self.name, self.outer = name, scopes
     # A transform that reuses its trace keys it on the variables' tree: the
-    # ties inside, views included, are part of what the trace computes.
+    # ties inside, views included, are part of what the trace computes, and
+    # the rng counters of the sources it lifts, as Flax's key holds those of
+    # a module passed in (the trace draws with them).
     self.key = (met and met.generation, *(
         tuple((tie.target[len(s.path):], col, tie.view, tie.in_scan)
               for tie, col in ties)
         for s, ties in zip(scopes, inside)
-    )) if tie_sources is not None and tie_sources.caches_trace else None
+    ), *(tuple(flatten(e.real.rng_counters)) for e in extra)
+    ) if tie_sources is not None and tie_sources.caches_trace else None
 
   def keyed(self, variable_groups):
     """``variable_groups`` as the transform takes them.
@@ -392,8 +396,11 @@ class Packed:
     """``pack``'s three functions of the scopes packed, for the given tree;
     what a reused trace learned at ``init`` (``ties.learned``: uses, targets
     run first, checks deferred) leaves it in its output's tree, with the
-    scopes' paths it was traced at: each call records it at its own."""
+    scopes' paths it was traced at: each call records it at its own. So do
+    the draws from the sources lifted, which advance their rng counters at
+    each call, as Flax's ``jit`` advances those of the scopes it packs."""
     reals, treedef, extra = self.reals, self.treedef, self.extra
+    old = [dict(flatten(e.real.rng_counters)) for e in extra]  # (the call's)
     n = treedef.num_leaves
     before = [set(), set(), set()]  # the init's records when a trace starts
     # A target initializing its copy draws from a fresh params counter of its
@@ -437,14 +444,23 @@ class Packed:
           (t, c) for t, c in now - was if any(is_within(
               getattr(t, 'target', t), p) for p in paths))  # (a path, a Tie)
                     for now, was in zip(_learned(self.outer[0]), before))
-      return _Keyed(out, (paths, facts)) if self.key and any(facts) else out
+      drawn = tuple(tuple((p, n - was.get(p, 0)) for p, n in flatten(
+          e.real.rng_counters)) for e, was in zip(extra, old))
+      return (_Keyed(out, (paths, facts, drawn))
+              if self.key and (any(facts) or any(drawn)) else out)
 
     def tied_publish_fn(out):
       if isinstance(out, _Keyed):
-        (traced, facts), out = out.key, out.groups
+        (traced, facts, drawn), out = out.key, out.groups
         rebase = tuple(zip(traced, (s.path for s in self.outer)))
         for now, new in zip(_learned(self.outer[0]), facts):
           now.update((_moved(rebase, t), c) for t, c in new)
+        for e, was, counts in zip(extra, old, drawn):  # (traced: the same)
+          for path, n in counts:
+            node = e.real.rng_counters
+            for k in path[:-1]:
+              node = node[k] if k in node else node.setdefault(k, {})
+            node[path[-1]] = was.get(path, 0) + n
       return publish_fn(out)
 
     return tied_scope_fn, tied_repack_fn, tied_publish_fn
