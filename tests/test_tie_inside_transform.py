@@ -491,12 +491,13 @@ def test_ties_into_call_sites_of_one_nn_jit_class_share_one_instance(
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('n', [2, 3])
-def test_one_nn_jit_class_at_several_call_sites_draws_fresh_masks(n):
+@pytest.mark.parametrize('declared', ['at_the_root', 'inside'])
+def test_one_nn_jit_class_at_several_call_sites_draws_fresh_masks(declared):
   """Every tied block of one nn.jit class replayed the first one's trace,
   whose key held none of the source's rng counters it read: each drew the
   same dropout mask (a separate nn.jit class per block was right)."""
   jitted = nn.jit(tie_blocks.DropBlock)  # one class: the call sites share traces
+  n = 3
 
   class Model(nn.Module):
     shared: bool
@@ -506,10 +507,14 @@ def test_one_nn_jit_class_at_several_call_sites_draws_fresh_masks(n):
       src = tie_blocks.Dropped(name='src')
       ys = [src(x)]
       for i in range(n):
-        ys.append(jitted(src if self.shared else None, name=f'block_{i}')(x))
+        ys.append(jitted(src if self.shared else None,
+                         inner=not self.shared and declared == 'inside',
+                         name=f'block_{i}')(x))
       return ys
 
-  tied = nn.tie(Model, {f'block_{i}/use': 'src' for i in range(n)})(False)
+  tied = Model(False)
+  if declared == 'at_the_root':
+    tied = nn.tie(Model, {f'block_{i}/use': 'src' for i in range(n)})(False)
   tie_blocks.assert_draws_as_one_shared_instance(tied, Model(True), X)
 
 
