@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tie_blocks
 import tie_models
 import tie_wraps
 from tie_blocks import D, X, Block, Pair, TwoWays, encoder
@@ -419,6 +420,43 @@ def test_dropout_while_initializing_draws_as_one_module_called_twice(
   assert_trees_equal(variables['params']['a'], shared['params']['a'])
   for first_or_second, expected in zip(y, want):  # in call order
     assert_close(first_or_second, expected)
+
+
+@needs_patch
+@pytest.mark.parametrize('target_first', [False, True],
+                         ids=['source_first', 'target_first'])
+@pytest.mark.parametrize('wrap', ['jit', 'fold_rngs'])
+def test_a_target_in_a_jitted_or_folded_block_draws_at_init_as_at_apply(
+    wrap, target_first):
+  """Target first, the source not stored yet was not lifted: the target drew
+  its source's streams as they are outside the block, where apply, the
+  source lifted, draws them as nn.jit and nn.fold_rngs lift a module passed
+  in (without their path): init_with_output's output was not apply's. Under
+  nn.jit a second init (another seed) replayed the first one's trace, which
+  held the first seed's streams as constants."""
+  block = getattr(nn, wrap)(tie_blocks.DropBlock)  # one class for both inits
+
+  class Model(nn.Module):
+    shared: bool
+
+    @nn.compact
+    def __call__(self, x):
+      src = tie_blocks.Dropped(name='src')
+      use = block(src if self.shared else None, name='block')
+      if target_first:
+        return use(x), src(x)
+      return src(x), use(x)
+
+  tied, reference = nn.tie(Model, {'block/use': 'src'})(False), Model(True)
+  for seed in range(2):
+    rngs = {'params': jax.random.key(seed), 'dropout': jax.random.key(seed + 7)}
+    y, variables = tied.init_with_output(rngs, X)
+    want, expected = reference.init_with_output(rngs, X)
+    assert_trees_close(reference.apply(expected, X, rngs=rngs), want)
+    assert_trees_close(tied.apply(variables, X, rngs=rngs), y)
+    # What one shared instance computes from the stored values, which are
+    # the source's own, whichever use runs first.
+    assert_trees_close(y, reference.apply(variables, X, rngs=rngs))
 
 
 # ---------------------------------------------------------------------------

@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import tie_blocks
+
 import flax_tieext  # pylint: disable=unused-import
 from flax_tieext import TieError
 
@@ -485,3 +487,105 @@ def test_ties_into_call_sites_of_one_nn_jit_class_share_one_instance(
   assert_trees_close(
       to_reference(jax.grad(functools.partial(loss, tied))(variables)),
       jax.grad(functools.partial(loss, reference))(to_reference(variables)))
+
+
+# ---------------------------------------------------------------------------
+# Random streams: a tied use draws what one shared instance draws there.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('declared', ['at_the_root', 'inside'])
+def test_one_nn_jit_class_at_several_call_sites_draws_fresh_masks(declared):
+  """Every tied block of one nn.jit class replayed the first one's trace,
+  whose key held none of the source's rng counters it read: each drew the
+  same dropout mask (a separate nn.jit class per block was right)."""
+  jitted = nn.jit(tie_blocks.DropBlock)  # one class: the call sites share traces
+  n = 3
+
+  class Model(nn.Module):
+    shared: bool
+
+    @nn.compact
+    def __call__(self, x):
+      src = tie_blocks.Dropped(name='src')
+      ys = [src(x)]
+      for i in range(n):
+        ys.append(jitted(src if self.shared else None,
+                         inner=not self.shared and declared == 'inside',
+                         name=f'block_{i}')(x))
+      return ys
+
+  tied = Model(False)
+  if declared == 'at_the_root':
+    tied = nn.tie(Model, {f'block_{i}/use': 'src' for i in range(n)})(False)
+  tie_blocks.assert_draws_as_one_shared_instance(tied, Model(True), X)
+
+
+@pytest.mark.parametrize('wrap', ['jit', 'fold_rngs'])
+@pytest.mark.parametrize('declared', ['at_the_root', 'inside'])
+def test_a_tie_in_a_jitted_or_folded_block_draws_as_one_shared_instance(
+    wrap, declared):
+  """Declared inside the block, the tie read its source's streams as they
+  are outside: not as nn.jit and nn.fold_rngs lift a module passed in (its
+  streams without their path), as a tie declared at the root does."""
+  block = getattr(nn, wrap)(tie_blocks.DropBlock)
+
+  class Model(nn.Module):
+    shared: bool
+
+    @nn.compact
+    def __call__(self, x):
+      src = tie_blocks.Dropped(name='src')
+      use = block(src if self.shared else None,
+                  inner=not self.shared and declared == 'inside', name='block')
+      return src(x), use(x), use(x)
+
+  tied = Model(False)
+  if declared == 'at_the_root':
+    tied = nn.tie(Model, {'block/use': 'src'})(False)
+  tie_blocks.assert_draws_as_one_shared_instance(tied, Model(True), X)
+
+
+class DropLayer(nn.Module):
+  """A stacked layer around ``tie_blocks.DropBlock``."""
+
+  shared: nn.Module | None = None
+  inner: bool = False
+
+  @nn.compact
+  def __call__(self, c, x):
+    return c, tie_blocks.DropBlock(self.shared, self.inner, name='block')(x)
+
+
+@pytest.mark.parametrize('kind', ['scan', 'vmap'])
+@pytest.mark.parametrize('declared', ['at_the_root', 'inside'])
+def test_a_tie_in_a_stack_splits_dropout_as_one_shared_instance(kind,
+                                                                declared):
+  """Declared inside the scan or vmap body, the tie read its source's
+  unsplit streams: one mask for every layer, where split_rngs gives one
+  shared instance passed into the stack a mask per layer."""
+  split = {'params': True, 'dropout': True}
+  if kind == 'scan':
+    stack = nn.scan(DropLayer, variable_broadcast='params', split_rngs=split,
+                    length=3)
+  else:
+    stack = nn.vmap(DropLayer, in_axes=(None, 0), out_axes=(None, 0),
+                    variable_axes={'params': None}, split_rngs=split)
+
+  class Model(nn.Module):
+    shared: bool
+
+    @nn.compact
+    def __call__(self, xs):
+      src = tie_blocks.Dropped(name='src')
+      y = src(xs[0])
+      _, ys = stack(src if self.shared else None,
+                    not self.shared and declared == 'inside', name='stack')(
+                        None, xs)
+      return (y, *ys)
+
+  xs = jnp.broadcast_to(X, (3, *X.shape))  # the same input in every layer
+  tied = Model(False)
+  if declared == 'at_the_root':
+    tied = nn.tie(Model, {'stack/block/use': 'src'})(False)
+  tie_blocks.assert_draws_as_one_shared_instance(tied, Model(True), xs)

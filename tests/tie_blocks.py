@@ -9,8 +9,10 @@ the transform a class is wrapped in (``tie_wraps``).
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import tie_wraps
+from tie_models import assert_trees_close, assert_trees_equal
 
 D = 4
 X = jax.random.normal(jax.random.key(1), (2, D))
@@ -138,3 +140,54 @@ class LM(nn.Module):
 
 
 HEAD_TIE = {'head/kernel': ('embed/embedding', jnp.transpose)}
+
+
+# ---------------------------------------------------------------------------
+# Random streams: a module that draws a dropout mask at init and at apply.
+# ---------------------------------------------------------------------------
+
+RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+
+
+class Dropped(nn.Module):
+  """A Dense, then dropout at init and apply (``deterministic=False``)."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dropout(0.5, deterministic=False)(nn.Dense(D, name='dense')(x))
+
+
+class DropBlock(nn.Module):
+  """A block around a ``Dropped``: its own ``use``, the reference's ``shared``
+  one passed in, or (``inner``) its own, tied inside it to ``/src``."""
+
+  shared: nn.Module | None = None
+  inner: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    use = self.shared
+    if use is None:
+      cls = nn.tie(Dropped, {'.': '/src'}) if self.inner else Dropped
+      use = cls(name='use')
+    return x + use(x)
+
+
+def assert_draws_as_one_shared_instance(tied, reference, *args):
+  """``tied`` draws every mask ``reference`` (one shared instance) draws.
+
+  At init (its output and variables) and at apply with every rng given
+  (``init_with_output``'s output again) and with another dropout key. The
+  reference's outputs must differ pairwise: each call draws its own mask.
+  """
+  y, variables = tied.init_with_output(RNGS, *args)
+  want, expected = reference.init_with_output(RNGS, *args)
+  assert_trees_equal(variables, expected)
+  assert_trees_close(y, want)
+  assert_trees_close(tied.apply(variables, *args, rngs=RNGS), y)
+  rngs = {'dropout': jax.random.key(2)}
+  want = reference.apply(variables, *args, rngs=rngs)
+  assert_trees_close(tied.apply(variables, *args, rngs=rngs), want)
+  masks = [np.asarray(w) for w in jax.tree_util.tree_leaves(want)]
+  assert not any(np.allclose(a, b) for i, a in enumerate(masks)
+                 for b in masks[i + 1:]), 'the reference draws no fresh masks'

@@ -37,30 +37,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flax.core import axes_scan, meta
+from flax import traverse_util
+from flax.core import axes_scan, lift as flax_lift, meta
 from flax.core.frozen_dict import freeze
 from flax.core.scope import group_collections
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import flatten, in_filter, is_within, unbox, walk
 from flax_tieext.core.ties import (  # pylint: disable=unused-import
-    BROADCAST,
-    CLOSE_OVER,
-    LIFT,
-    LIFT_CACHED,
-    LINK,
-    TIES_FLAG,
-    Lift as _Lift,
-    PackSite,
-    TieSources,
-    counters_now,
-    in_force,
-    learned as _learned,
-    lift_record as _lift,
-    locate,
-    reach,
-    tie_at,
-    visible_collections,
-)
+    BROADCAST, CLOSE_OVER, LIFT, LIFT_CACHED, LINK, TIES_FLAG, Lift as _Lift,
+    PackSite, TieSources, counters_now, in_force, learned as _learned,
+    lift_record as _lift, locate, reach, tie_at, visible_collections)
 
 # Scope's privates are this module's to use, as lift.py uses them.
 # pylint: disable=protected-access
@@ -87,8 +73,7 @@ class ScanCall:
   """
 
   def __init__(self, scope_tree, scan, args: tuple, kwargs: dict, xs: tuple):
-    self.scope_tree = scope_tree
-    self.scan = scan  # Flax's lift.scan
+    self.scope_tree, self.scan = scope_tree, scan  # (Flax's lift.scan)
     self.args, self.kwargs = args, kwargs  # lift.scan's arguments
     self.xs = xs  # the call's scanned inputs (after the carry)
 
@@ -117,9 +102,7 @@ class ScanCall:
       lengths = set(jax.tree_util.tree_leaves(
           jax.tree_util.tree_map(find_length, in_axes, self.xs)))
       length = lengths.pop() if len(lengths) == 1 else None
-    from flax.core import lift  # pylint: disable=g-import-not-at-top
-    axes = dict(zip(*lift._unzip2(  # pylint: disable=protected-access
-        lift._split_in_out_axes(given['variable_axes'])[0].items())))  # pylint: disable=protected-access
+    axes = dict(flax_lift._split_in_out_axes(given['variable_axes'])[0])  # pylint: disable=protected-access
     return (length, given['variable_broadcast'], given['variable_carry'],
             axes, given.get('metadata_params', {}))
 
@@ -163,8 +146,8 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
   A source seen here only as a closed-over value is lifted as one, read-only,
   as is the source of a tie declared inside the transform (``met``: it reads
   its source as a closed-over value wherever it was declared).
-  A source not stored yet is not lifted: the target initializes its own copy,
-  and the transform sees exactly what it sees without the tie.
+  A source not stored yet has its rngs lifted only, those a ``params``
+  target draws (as a module passed in): the target initializes its own copy.
   """
   crossing = tie_sources
   extra, paths = [], set()
@@ -183,23 +166,24 @@ def lifted_sources(scopes, name: str, tie_sources: TieSources | None,
       path = tie.source
       parent, _ = reach(scope, path[:-1])
       node = None if parent is None else walk(parent._collection(col), path[-1:])
-      if node is None or (isinstance(node, Mapping) and not node):
-        continue  # nothing stored yet: the target initializes its own copy
-      if not isinstance(node, Mapping):
+      unstored = node is None or (isinstance(node, Mapping) and not node)
+      if unstored and (col != 'params' or tie.view is not None):
+        continue  # the target initializes its own copy, and draws no rngs
+      if not unstored and not isinstance(node, Mapping):
         path = path[:-1]  # a variable: lift its module
       if path in paths or any(is_within(path, s.path) for s in scopes):
         continue
       paths.add(path)
       source, _ = reach(scope, path, rngs=True)
       values, crossed = reach(scope, path)
-      if crossing.maps and name == 'scan' and (
+      if crossing.maps and name == 'scan' and not unstored and (
           scanned := _scanned_collections(tie, scope, call)):
         # Scanned over as the stack's own variables are (Packed.stacked).
         extra.append(Lifted(_detached(source, {
             c: values._collection(c) for c in scanned}), source, False,
                             _Lift(source, (), name, True, False, False, None),
                             scanned=True))
-      elif crossing.maps:
+      elif crossing.maps or unstored:
         extra.append(Lifted(_detached(source, {}), source, True, None))
       elif crossed or (tie, col) in met:  # a closed-over value: lift it as one
         extra.append(Lifted(_detached(source, {
@@ -253,11 +237,9 @@ def _ties_inside(scope):
   for col in dict.fromkeys(('params', *ties.named_collections,
                             *sorted(visible_collections(scope)))):
     form = ties.forms[col]
-    tie = form.at.get(scope.path)
-    if tie is not None:
-      found.setdefault(tie.target, (tie, col))
-    for tie in form.below.get(scope.path, ()):
-      found.setdefault(tie.target, (tie, col))
+    for tie in (form.at.get(scope.path), *form.below.get(scope.path, ())):
+      if tie is not None:
+        found.setdefault(tie.target, (tie, col))
   return list(found.values())
 
 
@@ -298,10 +280,9 @@ def _borrowed(scope) -> set[str]:
   found = set()
   for col, node in scope._variables.items():
     tie = tie_at(scope, scope.path, col)
-    if tie is not None:
-      source, _ = reach(scope, tie.source)
-      if source is not None and source._collection(col) is node:
-        found.add(col)
+    source = tie and reach(scope, tie.source)[0]
+    if source is not None and source._collection(col) is node:
+      found.add(col)
   return found
 
 
@@ -366,12 +347,14 @@ class Packed:
         (e.rngs_only, e.closure) for e in extra]
     self.name, self.outer = name, scopes
     # A transform that reuses its trace keys it on the variables' tree: the
-    # ties inside, views included, are part of what the trace computes.
+    # ties inside, views included, are part of what the trace computes, as
+    # are the rng counters of the sources lifted (as of a module passed in).
     self.key = (met and met.generation, *(
         tuple((tie.target[len(s.path):], col, tie.view, tie.in_scan)
               for tie, col in ties)
         for s, ties in zip(scopes, inside)
-    )) if tie_sources is not None and tie_sources.caches_trace else None
+    ), *(tuple(flatten(e.real.rng_counters)) for e in extra)
+    ) if tie_sources is not None and tie_sources.caches_trace else None
 
   def keyed(self, variable_groups):
     """``variable_groups`` as the transform takes them.
@@ -384,16 +367,17 @@ class Packed:
     call, self.call = self.call, None  # read once: the call's record dies here
     if self.stacked:
       variable_groups = _stacked(variable_groups, self.stacked, call)
-    if self.key is None or not any(self.key):
-      return variable_groups
-    return _Keyed(variable_groups, self.key)
+    return (_Keyed(variable_groups, self.key) if self.key and any(self.key)
+            else variable_groups)
 
   def wrap(self, scope_fn, repack_fn, publish_fn):
     """``pack``'s three functions of the scopes packed, for the given tree;
     what a reused trace learned at ``init`` (``ties.learned``: uses, targets
     run first, checks deferred) leaves it in its output's tree, with the
-    scopes' paths it was traced at: each call records it at its own."""
+    scopes' paths it was traced at: each call records it at its own, and
+    advances the sources' rng counters as Flax advances its scopes' (0.10.2)."""
     reals, treedef, extra = self.reals, self.treedef, self.extra
+    old = [dict(flatten(e.real.rng_counters)) for e in extra]  # (the call's)
     n = treedef.num_leaves
     before = [set(), set(), set()]  # the init's records when a trace starts
     # A target initializing its copy draws from a fresh params counter of its
@@ -437,14 +421,20 @@ class Packed:
           (t, c) for t, c in now - was if any(is_within(
               getattr(t, 'target', t), p) for p in paths))  # (a path, a Tie)
                     for now, was in zip(_learned(self.outer[0]), before))
-      return _Keyed(out, (paths, facts)) if self.key and any(facts) else out
+      drawn = tuple(tuple((p, c - was.get(p, 0)) for p, c in flatten(
+          e.real.rng_counters)) for e, was in zip(extra, old))
+      return _Keyed(out, (paths, facts, drawn)) if self.key else out
 
     def tied_publish_fn(out):
       if isinstance(out, _Keyed):
-        (traced, facts), out = out.key, out.groups
+        (traced, facts, drawn), out = out.key, out.groups
         rebase = tuple(zip(traced, (s.path for s in self.outer)))
         for now, new in zip(_learned(self.outer[0]), facts):
           now.update((_moved(rebase, t), c) for t, c in new)
+        for e, was, counts in zip(extra, old, drawn):  # (traced: the same)
+          getattr(flax_lift, 'set_from_dict', lambda *_: None)(
+              e.real.rng_counters, traverse_util.unflatten_dict(
+                  {p: was.get(p, 0) + c for p, c in counts}))
       return publish_fn(out)
 
     return tied_scope_fn, tied_repack_fn, tied_publish_fn

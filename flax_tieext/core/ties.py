@@ -48,22 +48,11 @@ import jax
 import numpy as np
 
 from flax.core.frozen_dict import FrozenDict, freeze
+from flax.core.scope import LazyRng
 from flax_tieext.core import tie_errors
 from flax_tieext.core.tie_spec import (
-    InForce,
-    Path,
-    Form,
-    Tie,
-    absolute,
-    apply_view,
-    apply_views,
-    check_like,
-    flatten,
-    is_within,
-    named_collections,
-    unbox,
-    walk,
-)
+    InForce, Path, Form, Tie, absolute, apply_view, apply_views, check_like,
+    flatten, is_within, named_collections, unbox, walk)
 
 # Scope's privates are this module's to use, as lift.py uses them.
 # pylint: disable=protected-access
@@ -123,6 +112,10 @@ BY_PACK_NAME = {
 }
 # The transforms whose traces (branches, a loop's body) return one structure.
 BRANCHES = frozenset({'cond', 'switch', 'while_loop'})
+# The transforms that lift a scope's streams by the LazyRng method Flax has
+# (``clear_suffix``; ``fold`` before 0.10.2; none before 0.9: path kept).
+RESTARTS_RNGS = frozenset({'jit', 'fold_rngs'})
+RESTART = getattr(LazyRng, 'clear_suffix', getattr(LazyRng, 'fold', None))
 # The names of the transforms that reuse their trace (``nn.jit``).
 CACHES_TRACE = frozenset(n for n, s in BY_PACK_NAME.items() if s.caches_trace)
 
@@ -910,21 +903,38 @@ def share_rngs(scope):
   """Gives a module-level ``params`` target its source's rng streams.
 
   ``Scope.push`` calls it on each child with ties in force. The streams are
-  Flax's own, built by ``Scope.push`` at the source's path (inside
-  ``vmap``/``scan``, the source's lifted, split streams). While initializing
-  the ``params`` counter starts afresh, so that a copy the target initializes
-  equals what the source draws, and the source's own draws are left alone;
-  the other streams count on with the source's (:class:`InitCounters`).
+  Flax's own, built by ``Scope.push`` at the source's path, as each transform
+  crossed lifts them (:func:`lifted_rngs`). While initializing the ``params``
+  counter starts afresh, so that a copy the target initializes equals what
+  the source draws, and the source's own draws are left alone; the other
+  streams count on with the source's (:class:`InitCounters`).
   """
   ties = scope.flags[TIES_FLAG]
   tie = ties.forms['params'].at.get(scope.path)
-  source = None if tie is None or tie.view is not None else reach(
-      scope, tie.source, rngs=True)[0]
+  source, crossed = (None, ()) if tie is None or tie.view is not None else (
+      reach(scope, tie.source, rngs=True))
   if source is not None:
-    scope.rngs = source.rngs
+    scope.rngs = lifted_rngs(source.rngs, crossed)
     scope.rng_counters = (InitCounters(source.rng_counters)
                           if ties.log is not None  # initializing
                           else source.rng_counters)
+
+
+def lifted_rngs(rngs, crossed):
+  """``rngs``, of a scope outside the transforms ``crossed`` (that did not
+  lift it), as each lifts a scope's: by ``RESTART`` (``RESTARTS_RNGS``), or
+  on the key it made (split, traced) of the one shared with its outer scope."""
+  for lift in reversed(crossed):  # the outermost first
+    root, outer = next(filter(None, lift.siblings), None), lift.outer
+    if root is None or outer is None:
+      continue
+    rngs = {k: rngs[k] for k in root.rngs if k in rngs}
+    for k, rng in rngs.items():  # (Scope keeps LazyRngs)
+      if lift.name in RESTARTS_RNGS and RESTART:
+        rngs[k] = RESTART(rng)
+      elif rng.rng is getattr(outer.rngs.get(k), 'rng', None):
+        rngs[k] = LazyRng(root.rngs[k].rng, rng.suffix)
+  return rngs
 
 
 class InitCounters(dict):
