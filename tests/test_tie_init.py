@@ -423,9 +423,12 @@ def test_dropout_while_initializing_draws_as_one_module_called_twice(
 
 
 @needs_patch
-@pytest.mark.parametrize('target_first', [False, True],
+@pytest.mark.parametrize('target_first', [False, pytest.param(True, marks=pytest.mark.xfail(
+    not tie_blocks.LIFTS_RNGS_WITHOUT_PATH, strict=True,
+    reason='Flax 0.8: a target run first inside nn.jit still draws other masks'
+           ' than one shared instance (issue 61, defect 2, open there)'))],
                          ids=['source_first', 'target_first'])
-@pytest.mark.parametrize('wrap', ['jit', 'fold_rngs'])
+@pytest.mark.parametrize('wrap', tie_blocks.RNG_LIFTING_WRAPS)
 def test_a_target_in_a_jitted_or_folded_block_draws_at_init_as_at_apply(
     wrap, target_first):
   """Target first, the source not stored yet was not lifted: the target drew

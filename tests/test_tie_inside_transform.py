@@ -521,7 +521,7 @@ def test_one_nn_jit_class_at_several_call_sites_draws_fresh_masks(declared):
   tie_blocks.assert_draws_as_one_shared_instance(tied, Model(True), X)
 
 
-@pytest.mark.parametrize('wrap', ['jit', 'fold_rngs'])
+@pytest.mark.parametrize('wrap', tie_blocks.RNG_LIFTING_WRAPS)
 @pytest.mark.parametrize('declared', ['at_the_root', 'inside'])
 def test_a_tie_in_a_jitted_or_folded_block_draws_as_one_shared_instance(
     wrap, declared):

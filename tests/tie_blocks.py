@@ -6,6 +6,7 @@ builds the tied model and Flax's own sharing from one class. ``WRAPS`` names
 the transform a class is wrapped in (``tie_wraps``).
 """
 
+import flax.core.scope
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -147,6 +148,12 @@ HEAD_TIE = {'head/kernel': ('embed/embedding', jnp.transpose)}
 # ---------------------------------------------------------------------------
 
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+# The Linen transforms that lift a module's streams without its path, on
+# this Flax (nn.fold_rngs from Flax 0.10).
+RNG_LIFTING_WRAPS = ['jit', *(['fold_rngs'] if hasattr(nn, 'fold_rngs') else [])]
+# Whether nn.jit lifts streams without their path here (Flax 0.9 on).
+LIFTS_RNGS_WITHOUT_PATH = any(hasattr(flax.core.scope.LazyRng, m)
+                              for m in ('clear_suffix', 'fold'))
 
 
 class Dropped(nn.Module):
