@@ -77,7 +77,7 @@ MAIN_DIGEST = '284531305cb94215a6bbc266da89cc52a71df060a63d95b5a6f106f27cd5dca6'
 # PR number -> (the part of the tree counted, most lines added there).
 # Flax's yardsticks: 9522bc0b (static_argnums for nn.checkpoint) +15/-2,
 # cf7311da (keyword arguments for nn.jit) +80/-59.
-LIMITS = {'0001': ('flax/', 40), '0002': ('flax/', 110)}
+LIMITS = {'0001': ('flax/', 40), '0002': ('flax/', 103)}
 # PR number -> the tests it adds that fail on main (what it fixes or adds).
 FAILS_BEFORE = {
     '0001': ('tests/core/core_lift_test.py::LiftTest::'
