@@ -240,12 +240,14 @@ for form in forms:
 '''
 
 
-def run(tree: str, forms: list[dict], python: str = sys.executable) -> dict[int, dict]:
+def run(tree: str, forms: list[dict], python: str = sys.executable,
+        env: dict[str, str] | None = None) -> dict[int, dict]:
   """Each form's line on the Flax of ``tree``, in one fresh interpreter."""
   payload = json.dumps([{'id': f['id'], 'source': source(f)} for f in forms])
   out = subprocess.run([python, '-c', PRELUDE + DRIVER], input=payload, capture_output=True,
                        text=True, timeout=3000, check=False,
-                       env={**os.environ, 'PYTHONPATH': tree, 'JAX_PLATFORMS': 'cpu'})
+                       env={**os.environ, 'PYTHONPATH': tree, 'JAX_PLATFORMS': 'cpu',
+                            **(env or {})})
   lines = {}
   for text in out.stdout.splitlines():
     if text.startswith('{'):
@@ -381,23 +383,28 @@ def main() -> int:
   parser.add_argument('--cache', help='a folder keeping main\'s lines between runs')
   parser.add_argument('--python', default=sys.executable,
                       help='the interpreter (and so the JAX) to run the forms on')
+  parser.add_argument('--remat3', action='store_true',
+                      help='run with JAX_REMAT3=1 (jax.checkpoint\'s other implementation)')
   args = parser.parse_args()
   applied = set(args.applied.split(','))
   forms = generate(args.seed, args.n)
   version = subprocess.run([args.python, '-c', 'import sys; print(sys.version.split()[0])'],
                            capture_output=True, text=True, check=True).stdout.strip()
-  kept = (pathlib.Path(args.cache, f'forms-{args.seed}-{args.n}-py{version}.json')
+  env = {'JAX_REMAT3': '1'} if args.remat3 else {}
+  label = f'py{version}' + ('-remat3' if args.remat3 else '')
+  kept = (pathlib.Path(args.cache, f'forms-{args.seed}-{args.n}-{label}.json')
           if args.cache else None)
   if kept and kept.exists():
     before = {int(k): v for k, v in json.loads(kept.read_text()).items()}
   else:
-    before = run(args.main_tree, forms, args.python)
+    before = run(args.main_tree, forms, args.python, env)
     if kept:
       kept.parent.mkdir(parents=True, exist_ok=True)
       kept.write_text(json.dumps(before))
-  after = run(args.patched_tree, forms, args.python)
+  after = run(args.patched_tree, forms, args.python, env)
   counts, problems = compare(forms, before, after, applied)
-  print(f'forms ({args.applied}, Python {version}, seed {args.seed}, {len(forms)} forms):')
+  print(f'forms ({args.applied}, Python {version}{", JAX_REMAT3=1" if args.remat3 else ""},'
+        f' seed {args.seed}, {len(forms)} forms):')
   for cls, n in counts.most_common():
     print(f'  {n:5d}  {cls}')
   for problem in problems:
