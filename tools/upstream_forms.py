@@ -269,6 +269,13 @@ CLASSES = {
         ('0002', 'leaving train to its default'),
     'a NumPy bool, a NumPy integer after nn.checkpoint\'s shift, read as one':
         ('0001', 'a NumPy bool in nn.checkpoint\'s static_argnums'),
+    # JAX_REMAT3=1 only: jax.checkpoint ignores an index it cannot use.
+    'JAX_REMAT3=1: a float index or a NumPy bool, ignored on main, refused as jax.jit does':
+        ('0001', 'With jax_remat3 on, for programs that ran'),
+    'JAX_REMAT3=1: a float index or a NumPy bool, ignored on main, refused (nn.remat)':
+        ('0002', 'With jax_remat3 on, for programs that ran'),
+    'JAX_REMAT3=1: a static position passed by keyword, traced on main, static now':
+        ('0002', 'train passed by keyword: before: train traced'),
 }
 
 
@@ -288,12 +295,21 @@ def _kind(form: dict) -> set[str]:
   return kinds
 
 
-def classify(form: dict, before: dict, after: dict, applied: set[str]) -> str:
+def classify(form: dict, before: dict, after: dict, applied: set[str],
+             remat3: bool = False) -> str:
   """The class of ``form``'s change from main (``before``) to a patched tree."""
   keys = ('end', 'seen', 'traces', 'warnings')
   if all(before[k] == after[k] for k in keys):
     return 'same'
   was, now = before['end'], after['end']
+  ran = r'^(ok|init TracerBoolConversionError)'
+  if remat3 and re.match(ran, was):
+    if re.search(r'\d\.\d|np\.bool_', form['argnums'] or '') and now == 'init TypeError':
+      return ('JAX_REMAT3=1: a float index or a NumPy bool, ignored on main, refused'
+              + (' (nn.remat)' if '0002' in applied else ' as jax.jit does'))
+    if ('keyword' in _kind(form) and '0002' in applied and now.startswith('ok')
+        and (not was.startswith('ok') or was == now)):
+      return 'JAX_REMAT3=1: a static position passed by keyword, traced on main, static now'
   if was.startswith('ok'):
     return 'RUNS ON MAIN, DIFFERS'
   if not now.startswith('ok') and was.split()[:2] == now.split()[:2]:
@@ -348,13 +364,14 @@ def stated(applied: set[str]) -> dict[str, bool]:
           for c, (pr, sentence) in CLASSES.items()}
 
 
-def compare(forms, before, after, applied) -> tuple[collections.Counter, list[str]]:
+def compare(forms, before, after, applied,
+            remat3=False) -> tuple[collections.Counter, list[str]]:
   """Class counts and problems of the patched lines ``after`` against main's."""
   counts, problems = collections.Counter(), []
   holds = stated(applied)
   for form in forms:
     b, a = before[form['id']], after[form['id']]
-    cls = classify(form, b, a, applied)
+    cls = classify(form, b, a, applied, remat3)
     counts[cls] += 1
     if cls not in ('same', 'fails as on main') and not holds.get(cls):
       problems.append(f'form {form["id"]} ({cls}): {_describe(form)}\n'
@@ -402,7 +419,7 @@ def main() -> int:
       kept.parent.mkdir(parents=True, exist_ok=True)
       kept.write_text(json.dumps(before))
   after = run(args.patched_tree, forms, args.python, env)
-  counts, problems = compare(forms, before, after, applied)
+  counts, problems = compare(forms, before, after, applied, args.remat3)
   print(f'forms ({args.applied}, Python {version}{", JAX_REMAT3=1" if args.remat3 else ""},'
         f' seed {args.seed}, {len(forms)} forms):')
   for cls, n in counts.most_common():
