@@ -386,8 +386,9 @@ def upstream(session):
   release of the matrix: one line each, reproduces / fixed / not-applicable.
   Then tools/upstream_verify.py on the Flax PRs (patches/flax/, patches/docs/):
   each applies to Flax main alone and in sequence, and at each step lints,
-  passes Flax's test files that reach the changed transforms and
-  tests/upstream_compat_test.py. Set UPSTREAM_FLAX_MAIN to a checkout of
+  passes Flax's test files that reach the changed transforms,
+  tests/upstream_compat_test.py and 300 generated call forms against main
+  (tools/upstream_forms.py, printing their classes). Set UPSTREAM_FLAX_MAIN to a checkout of
   Flax main 18f8f311 to check on it rather than on the 0.12.8 sdist (CI).
   """
   # Flax 0.12.8 with its JAX, what its tests import, and the lint and

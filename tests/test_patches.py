@@ -39,6 +39,7 @@ def _load(name, path):
 verify = _load('upstream_verify', ROOT / 'tools' / 'upstream_verify.py')
 send = _load('upstream_send', ROOT / 'tools' / 'upstream_send.py')
 compat = _load('upstream_compat', ROOT / 'tests' / 'upstream_compat_test.py')
+forms = _load('upstream_forms', ROOT / 'tools' / 'upstream_forms.py')
 
 PATCHES = sorted(verify.PATCHES.glob('*.patch'))
 DOCS = sorted(verify.DOCS_PATCHES.glob('*.patch'))
@@ -84,6 +85,34 @@ def test_the_text_check_finds_this_project(tmp_path):
   problems = verify.text_problems(patch)
   assert any('no From: header' in p for p in problems)
   assert any("names this project ('flax_tieext')" in p for p in problems)
+
+
+def test_the_generated_forms_draw_every_signature_and_context():
+  drawn = forms.generate(0, verify.FORMS[1])
+  assert forms.generate(0, verify.FORMS[1]) == drawn  # seeded
+  assert {f['signature'] for f in drawn} == set(forms.SIGNATURES)
+  assert {f['context'] for f in drawn} == set(forms.CONTEXTS)
+  assert {f['call'] for f in drawn} == set(forms.CALLS)
+  for form in drawn[:20]:
+    compile(forms.source(form), f'form {form["id"]}', 'exec')
+
+
+@pytest.mark.parametrize('cls', sorted(forms.CLASSES))
+def test_every_class_of_generated_change_is_in_its_pr_text(cls):
+  pr, sentence = forms.CLASSES[cls]
+  patch = next(p for p in PATCHES if p.name.startswith(pr))
+  assert sentence in ' '.join(verify.message(patch).split())
+
+
+def test_a_generated_form_that_runs_on_main_and_differs_is_a_problem():
+  form = forms.generate(0, 1)[0]
+  before = {'id': 0, 'end': 'ok 1.0 2.0', 'seen': 'Ts', 'traces': 2, 'warnings': [],
+            'jit': 'ok'}
+  after = {**before, 'end': 'init ValueError', 'message': 'static_argnums index 2'}
+  counts, problems = forms.compare([form], {0: before}, {0: after}, {'0001', '0002'})
+  assert counts['RUNS ON MAIN, DIFFERS'] == 1 and len(problems) == 1
+  counts, problems = forms.compare([form], {0: before}, {0: before}, {'0001', '0002'})
+  assert counts == {'same': 1} and not problems
 
 
 def test_the_size_table_is_the_patches():

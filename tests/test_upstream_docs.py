@@ -94,6 +94,16 @@ def test_the_docs_build_executes_the_notebook(guide):
   assert any('+   sharing_variables\n' in p.read_text() for p in index)
 
 
+def test_each_checking_cell_ends_in_the_value_it_checks(guide):
+  # The built page shows a cell's last expression; a cell ending in an
+  # `assert` would show nothing.
+  _, notebook = guide
+  for kind, source in notebook_cells(notebook):
+    last = source.splitlines()[-1]
+    if kind == 'code' and 'assert ' in source:
+      assert not last.startswith(('assert ', ' ')) and ' = ' not in last, last
+
+
 def test_every_code_cell_runs(guide):
   _, notebook = guide
   code = '\n\n'.join(source for kind, source in notebook_cells(notebook) if kind == 'code')

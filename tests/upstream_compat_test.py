@@ -53,6 +53,7 @@ PRELUDE = '''
 import functools
 import warnings
 import jax, jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax.core import init, lift
 from flax.linen import partitioning
@@ -158,6 +159,30 @@ for methods in ([], (), ['__call__'], ['__call__', 'encode'], ['encode'], '__cal
     case(f'methods {methods!r} {form}', lambda: grad_sum(remat(), x, True))
     case(f'methods {methods!r} {form} encode',
          lambda: grad_sum(remat(), x, True, method='encode'))
+class Narrow(Two):
+  def encode(self, x):
+    SEEN.append(static(x))
+    return self.dense(x) * 2.
+
+for form in ((), (2,)):  # methods of two signatures
+  remat = lambda: nn.remat(Narrow, static_argnums=form, methods=['__call__', 'encode'])()
+  case(f'two signatures {form}', lambda: grad_sum(remat(), x, False))
+  case(f'two signatures {form} encode', lambda: grad_sum(remat(), x, method='encode'))
+
+def wrap(fn):  # without functools.wraps
+  def wrapper(*args, **kwargs):
+    return fn(*args, **kwargs)
+  return wrapper
+
+class Wrapped(nn.Module):
+  @nn.compact
+  @wrap
+  def __call__(self, x, deterministic):
+    SEEN.append(static(x, deterministic))
+    return nn.Dense(3)(x) if not deterministic else x
+
+for form in ((2,), (1,), (3,), (-2,), (0,)):
+  case(f'wrapper {form}', lambda: grad_sum(nn.remat(Wrapped, static_argnums=form)(), x, False))
 case('decorator', lambda: grad_sum(Decorated(), x, True))
 case('decorator kw', lambda: grad_sum(Decorated(), x, deterministic=True))
 
@@ -214,9 +239,16 @@ for remat, index in ((nn.remat, 2), (partitioning.remat, 1)):
 # on main are listed: a case that runs on main must run the same.
 # (TracerBoolConversionError: the call runs into the Probe's flag, traced.)
 RUNS = r'^(ok|raises TracerBoolConversionError)'
+# As the same indices in a tuple: runs, or a ValueError for an index out of
+# range for the call.
+AS_TUPLE = r'^(ok|raises (TracerBoolConversionError|ValueError))'
 CHANGES = [
     ('0001', 'checking_leaks', r'^checkpoint jit', r'^raises ', r'^ok \S+ Tss',
      'jax.checking_leaks() reports a leaked'),
+    ('0001', 'lift_checkpoint', r'^\[', r'^raises TypeError', AS_TUPLE,
+     'static_argnums a list, or holding NumPy integers'),
+    ('0001', 'nn_remat_static_argnums', r'^\[', r'^raises TypeError', AS_TUPLE,
+     'static_argnums a list, or holding NumPy integers'),
     # jax.checkpoint's ValueError: a static position passed by keyword or
     # left to its default.
     ('0002', 'nn_remat_static_argnums', r'', r'^raises ValueError', RUNS,
@@ -239,10 +271,11 @@ for name in names:
           nn.remat(Probe, static_argnames=name())(), *args, **kwargs))
 ''', r'ok \S+ \S+ Ts[sT] '),
     'static_names_are_checked': ('0002', '''
-for kwargs in ({'static_argnames': 'determinstic'}, {'static_argnums': (4,)},
-               {'static_argnames': 'self'},
+for kwargs in ({'static_argnames': 'determinstic'}, {'static_argnames': 'self'},
                {'static_argnames': 'x', 'methods': {'__call__': {}}}):
   case(str(kwargs), lambda: [nn.remat(Probe, **kwargs)])
+for form in ((4,), [4], np.int64(4)):  # at the call, as jax.checkpoint did
+  case(repr(form), lambda: grad_sum(nn.remat(Probe, static_argnums=form)(), x, True))
 ''', r'raises ValueError'),
     'var_positional': ('0002', '''
 class Varargs(nn.Module):
@@ -253,6 +286,33 @@ class Varargs(nn.Module):
 
 case('varargs', lambda: grad_sum(nn.remat(Varargs, static_argnums=(2,))(), x, True))
 ''', r'ok \S+ \S+ Ts '),
+    'numpy_and_list_indices': ('0001', '''
+for form in (np.int64(1), (np.int64(1),), [1], np.array([1])):
+  def run():
+    def f(scope, x, deterministic):
+      SEEN.append(static(x, deterministic))
+      return x * 2. if deterministic else x
+    y, _ = init(lift.checkpoint(f, static_argnums=form))(jax.random.key(0), x, True)
+    return round(float(y.sum()), 4), SEEN[-1]
+  case(repr(form), run)
+''', r'ok \S+ Ts '),
+    'methods_of_two_signatures': ('0002', '''
+class Two(nn.Module):
+  def setup(self):
+    self.dense = nn.Dense(3)
+  def __call__(self, x, deterministic=False):
+    SEEN.append(static(x, deterministic))
+    return self.dense(x) if not deterministic else x
+  def encode(self, x):
+    SEEN.append(static(x))
+    return self.dense(x) * 2.
+
+for static_args in ({'static_argnums': (2,)}, {'static_argnames': 'deterministic'}):
+  remat = lambda: nn.remat(Two, methods=['__call__', 'encode'], **static_args)()
+  case(f'{static_args} pos', lambda: grad_sum(remat(), x, True))
+  case(f'{static_args} kw', lambda: grad_sum(remat(), x, deterministic=True))
+case('encode', lambda: grad_sum(remat(), x, method='encode'))
+''', r'ok \S+ \S+ Ts? '),
     'no_leak_under_jit': ('0001', '''
 def run():
   model = nn.remat(Probe, static_argnums=(2,))()

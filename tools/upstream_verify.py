@@ -33,6 +33,11 @@ main's, file by file, but for ``NOT_MAIN`` (``MAIN_DIGEST``). Then:
    c. ``tests/upstream_compat_test.py``: every program runs as on main, but
       for the behaviour changes the applied PRs state, and what they add
       holds;
+   d. ``tools/upstream_forms.py``: ``FORMS`` generated call forms run on main
+      and on the tree; none that runs on main differs, every other change is
+      of a class an applied PR's text states, and no validation error is one
+      ``jax.jit`` does not raise for the same signature and spec (the class
+      counts are printed);
 3. each test of ``FAILS_BEFORE`` fails on main with only its PR's tests
    applied (it tests what the PR changes), and passes with the PR;
 4. the docs PR (``patches/docs/``) applies to main; its notebook and its
@@ -72,7 +77,7 @@ MAIN_DIGEST = '284531305cb94215a6bbc266da89cc52a71df060a63d95b5a6f106f27cd5dca6'
 # PR number -> (the part of the tree counted, most lines added there).
 # Flax's yardsticks: 9522bc0b (static_argnums for nn.checkpoint) +15/-2,
 # cf7311da (keyword arguments for nn.jit) +80/-59.
-LIMITS = {'0001': ('flax/', 40), '0002': ('flax/', 110)}
+LIMITS = {'0001': ('flax/', 40), '0002': ('flax/', 103)}
 # PR number -> the tests it adds that fail on main (what it fixes or adds).
 FAILS_BEFORE = {
     '0001': ('tests/core/core_lift_test.py::LiftTest::'
@@ -89,6 +94,9 @@ FAILS_BEFORE = {
 CONSUMER = re.compile(r'\bnn\.(remat|checkpoint)\b|\blift\.(checkpoint|remat)\b'
                       r'|\bpartitioning\.remat\b')
 COMPAT_TEST = ROOT / 'tests' / 'upstream_compat_test.py'
+FORMS_TOOL = ROOT / 'tools' / 'upstream_forms.py'
+# The generated call forms each step runs (seed, how many): a few CPU-minutes.
+FORMS = (0, 300)
 DOCS_TEST = ROOT / 'tests' / 'test_upstream_docs.py'
 HYGIENE = re.compile(r'flax[_-]tieext|patches/|edition|plugin|monkeypatch', re.I)
 
@@ -290,7 +298,18 @@ def step(base, work, patches, label, cache, alone=False) -> list[str]:
     problems += [f'{label}: {t} does not pass'
                  for t in FAILS_BEFORE.get(patch.name[:4], ()) if t not in passed]
   print(f'{label}: {len(passed)} passed, {len(failed)} failed', flush=True)
-  return problems + compat(base, tree, [p.name[:4] for p in patches], cache)
+  applied = [p.name[:4] for p in patches]
+  return problems + compat(base, tree, applied, cache) + forms(base, tree, applied, cache)
+
+
+def forms(base: pathlib.Path, tree: pathlib.Path, applied, cache: pathlib.Path) -> list[str]:
+  """``FORMS_TOOL``'s generated forms on ``base`` and on ``tree``; problems."""
+  seed, n = FORMS
+  run = _run([sys.executable, FORMS_TOOL, base, tree, '--applied', ','.join(applied),
+              '-n', n, '--seed', seed, '--cache', cache], capture_output=True, text=True)
+  print(run.stdout.split('PROBLEM:')[0].rstrip(), flush=True)
+  return [] if run.returncode == 0 else [
+      f'{"+".join(applied)}: {FORMS_TOOL.name} fails:\n{run.stdout[-4000:]}{run.stderr[-2000:]}']
 
 
 def verify() -> list[str]:

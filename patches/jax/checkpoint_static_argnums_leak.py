@@ -1,16 +1,12 @@
 import gc
 import jax
-import jax.numpy as jnp
-
 
 def step(x, static_argnums):  # a fresh closure over a fresh array each step
   w = x * 2.0
   return jax.checkpoint(lambda y, n: w * y * n, static_argnums=static_argnums)(x, 3.0)
-
-
 print('jax', jax.__version__)
 for static_argnums in [(), (1,)]:
-  x = jnp.ones(3)
+  x = jax.numpy.ones(3)
   gc.collect()
   before = len(jax.live_arrays())
   for _ in range(30):
