@@ -580,6 +580,48 @@ def test_init_whose_method_never_runs_the_source_says_so():
   assert '/a' in message and 'also runs the source' in message
 
 
+class Codec(nn.Module):
+  """An encoder and a decoder; ``shared`` makes them one instance."""
+  shared: bool = False
+
+  def setup(self):
+    self.enc = nn.Dense(D)
+    self.dec = self.enc if self.shared else nn.Dense(D)
+
+  def encode(self, x):
+    return jnp.tanh(self.enc(x))
+
+  def decode(self, x):
+    return self.dec(x)
+
+
+def _round_trip(module, x):
+  return module.decode(module.encode(x))
+
+
+class _Caller:
+  """A bound method that is no Module's: Flax calls it with the module."""
+
+  def round_trip(self, module, x):
+    return _round_trip(module, x)
+
+
+@installs_patch
+@pytest.mark.parametrize('method', [
+    lambda m, x: m.decode(m.encode(x)), _round_trip, _Caller().round_trip],
+                         ids=['lambda', 'function', 'bound_method'])
+def test_init_method_running_both_ends_is_checked_when_it_returns(method):
+  """A callable ``method=`` running the target after the source: the check
+  ran when ``encode`` returned, before ``decode`` ran the target, and raised
+  "the target ... does not exist" (a named method doing the same worked)."""
+  y, variables = nn.tie(Codec, {'dec': 'enc'})().init_with_output(
+      jax.random.key(0), X, method=method)
+  want, shared = Codec(shared=True).init_with_output(
+      jax.random.key(0), X, method=method)
+  assert_trees_equal(variables, shared)
+  assert_close(y, want)
+
+
 class ScanLayer(nn.Module):
 
   @nn.compact

@@ -525,17 +525,10 @@ def _tied_class(module_class, items, collections, in_scan):
   def init_with_output(self, rngs, *args, method=None, **kwargs):
     fn = _get_unbound_fn(getattr(self, method) if isinstance(method, str)
                          else method or self.__call__)
-    if getattr(fn, 'checks_ties', False):  # checks when its call returns
-      return super(tied, self).init_with_output(
-          rngs, *args, method=method, **kwargs)
-
-    def checked_method(module, *args, **kwargs):
-      y = fn(module, *args, **kwargs)
-      check_init(module)
-      return y
-
-    return super(tied, self).init_with_output(
-        rngs, *args, method=checked_method, **kwargs)
+    # Checked when init's method returns, not when a method it calls does (a
+    # function running both ends of a tie, `lambda m, x: m.b(m.a(x))`).
+    return super(tied, self).init_with_output(rngs, *args, method=(
+        method if getattr(fn, 'checks_ties', False) else checked(fn)), **kwargs)
 
   def __reduce_ex__(self, protocol):
     # The class has module_class's name, under which pickle finds
