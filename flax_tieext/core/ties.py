@@ -310,12 +310,12 @@ class MetInside:
       self.generation += 1
 
 
-def locate(scope, path: Path, rngs: bool = False):
+def locate(scope, path: Path, rngs: bool = False, col: str | None = None):
   """``(scope at or above path, records of the transforms crossed)``.
 
   Walks up the parents, then over the inner roots of the same lifted
-  transform (one lifted for its rngs only counts for ``rngs``), then out of
-  the transform, beyond which variables are closed over.
+  transform (one lifted for its rngs only counts for ``rngs``; a copy of
+  closed-over values, for a ``col`` it holds), then out (closed over).
   """
   crossed = ()
   while scope is not None:
@@ -332,36 +332,36 @@ def locate(scope, path: Path, rngs: bool = False):
         continue
       info = lift_record(sib)
       if (sib is not scope.root and is_within(path, sib.path)
-          and (rngs or not info.rngs_only)):
+          and (rngs or not info.rngs_only) and (col is None or not info.closure
+          or walk(sib._variables.get(col), path[len(sib.path):]))):
         return sib, crossed + ((info.closure,) if info.closure else ())
     crossed += (lift,)
     scope = lift.outer
   return None, crossed
 
 
-def reach(scope, path: Path, rngs: bool = False):
+def reach(scope, path: Path, rngs: bool = False, col: str | None = None):
   """``(scope at path, transforms crossed)``, built with Flax's ``push``.
 
   The scope is pushed on a rewound copy (reserving no name), so ties on the
   way are followed as ``Scope`` follows them; it is built once per scope it starts
   from and kept there (every target of one source reaches it again).
   """
-  base, crossed = locate(scope, path, rngs)
+  base, crossed = locate(scope, path, rngs, col)
   if base is None or len(path) == len(base.path):
     return base, crossed
   reached = vars(base).setdefault('_tie_reached', {})
-  found = reached.get(path)
-  if found is None:
+  if path not in reached:
     found = base.rewound()
     for name in path[len(base.path):]:
       found = found.push(name, reuse=True)
     reached[path] = found
-  return found, crossed
+  return reached[path], crossed
 
 
 def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
-  base, _ = locate(scope, path)
+  base, _ = locate(scope, path, col=col)
   return base and walk(base.root._variables.get(col),
                        path[len(base.root.path):])
 
@@ -644,7 +644,7 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
   elif tie is None:
     return _untied(scope, col, write)
   else:
-    base, crossed = locate(scope, tie.source)
+    base, crossed = locate(scope, tie.source, col=col)
     # A final source lies below no target: its dicts are reached by name.
     node = base and walk(base.root._variables.get(col),
                          tie.source[len(base.root.path):])
@@ -796,7 +796,7 @@ class TiedNames(MutableMapping):
     if tie is None:
       return None
     scope, col = self._scope, self._col
-    parent, crossed = reach(scope, tie.source[:-1])
+    parent, crossed = reach(scope, tie.source[:-1], col=col)
     if parent is None:
       raise refused(scope, tie, col, Refused.UNREACHABLE)
     node = parent._collection(col)

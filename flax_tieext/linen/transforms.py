@@ -424,7 +424,8 @@ def tie(
     in_scan: how a source outside an ``nn.scan`` whose layers hold the
       target enters the loop: ``"scanned"``, broadcast to the number of
       layers before the loop and scanned over like the layers' own variables
-      (where the scan scans the tied collection, ``variable_axes``);
+      (where the scan scans the tied collection, ``variable_axes``; another
+      tied collection is a loop invariant);
       ``"broadcast"``, a loop invariant every layer reads, as
       ``variable_broadcast`` collections are. ``None`` (the default) takes
       ``"scanned"`` wherever it can: an ``nn.scan`` applied after
