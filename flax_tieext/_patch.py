@@ -201,6 +201,8 @@ def _machinery_bindings() -> list[_Binding]:
       _Binding(scope, '_mutable_collection',
                functools.partial(_scope_collection, write=True)),
       _Binding(scope, 'variables', _scope_variables),
+      # (a sow writes the call's values: a target's copy refuses it first).
+      _Binding(nn.Module, 'sow', _module_sow),
   ]
 
 
@@ -434,6 +436,25 @@ def _scope_collection(collection, write=False):
       return ties.collection(self, col, write)
     return collection(self, col)
   return tied_collection
+
+
+def _module_sow(sow):
+  """``Module.sow``: its write is the call's values, never an init's.
+
+  Upstream, ``sow`` would say so to ``put_variable``; here it writes with
+  ``ties.SOWING`` set, so that the copy of a tie's target that runs before
+  its source refuses it (``ties.FirstCopy``, ``ties.TiedNames``): one module
+  called at both places keeps the values sown by either, a dropped copy
+  cannot (a second ``init`` run, seeded with the source's values, appended
+  to them).
+  """
+  @functools.wraps(sow)
+  def tied_sow(self, col, name, *args, **kwargs):
+    if self.scope is None or ties.TIES_FLAG not in self.scope.flags:
+      return sow(self, col, name, *args, **kwargs)
+    return _calling_with(ties.SOWING, col, sow, self, col, name, *args,
+                         **kwargs)
+  return tied_sow
 
 
 def _scope_param(param):

@@ -335,6 +335,83 @@ def test_a_write_to_a_source_outside_the_scan_is_refused_naming_the_scan(in_scan
   assert_says_how_to_fix(str(info.value))
 
 
+class MaskedAttn(nn.Module):
+  """A ``graph`` mask (a collection the scan below does not scan) and a Dense."""
+
+  @nn.compact
+  def __call__(self, x):
+    mask = self.variable('graph', 'mask', lambda: jnp.linspace(0.5, 1.0, D))
+    return jnp.tanh(nn.Dense(D, name='dense')(x * mask.value))
+
+
+class MaskedLayer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return MaskedAttn(name='attn')(x)
+
+
+class MaskedScanLayer(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, _):
+    return MaskedLayer(name='layer')(x), None
+
+
+class MaskedStack(nn.Module):
+  remat: bool
+
+  @nn.compact
+  def __call__(self, x):
+    layer = nn.remat(MaskedScanLayer) if self.remat else MaskedScanLayer
+    stack = nn.scan(layer, variable_axes={'params': 0},
+                    split_rngs={'params': True}, length=N)
+    return stack(name='scan')(x, None)[0]
+
+
+class MaskedOuter(nn.Module):
+  """The source, run first, then the stack whose every layer is tied to it."""
+  remat: bool
+  shared: bool = False  # the reference: one MaskedAttn called N + 1 times
+
+  @nn.compact
+  def __call__(self, x):
+    src = MaskedAttn(name='src')
+    x = src(x)
+    if self.shared:
+      for _ in range(N):
+        x = src(x)
+      return x
+    return MaskedStack(self.remat, name='stack')(x)
+
+
+@needs_patch
+@pytest.mark.parametrize('in_scan', [None, 'scanned', 'broadcast'])
+@pytest.mark.parametrize('remat', [False, True], ids=['scan', 'scan_of_remat'])
+def test_a_tie_of_a_collection_the_scan_does_not_scan_works_each_way_in(
+    remat, in_scan):
+  """``graph`` and ``params`` tied into the layers, the source run first.
+
+  The default and ``'scanned'`` raised "Initializing /stack/scan/layer/attn in
+  collection 'graph' cannot land ... Run the source /src before the scan":
+  the source scanned over held ``params`` alone, and the layers found no
+  ``graph`` there. A collection the scan does not stack is read as a loop
+  invariant, as ``'broadcast'`` reads it, while ``params`` is scanned over
+  where the way in scans it; every way in gives one shared module's
+  variables, outputs and gradients.
+  """
+  model = nn.tie(MaskedOuter, {'stack/scan/layer/attn': 'src'},
+                 collections=['params', 'graph'], in_scan=in_scan)(remat)
+  variables = model.init(jax.random.key(0), X)
+  shared = MaskedOuter(remat, shared=True)
+  assert_trees_equal(variables, shared.init(jax.random.key(0), X))
+  assert_trees_close(loss_and_grads(model.apply, variables, X),
+                     loss_and_grads(shared.apply, variables, X))
+  # params still enter the loop as each way in says: scanned, or invariant.
+  assert ((N, D, D) in scan_inputs(model.apply, variables, X)) == (
+      in_scan != 'broadcast')
+
+
 def encoder_over_a_scan_made_before_the_patch():
   """An encoder whose ``nn.scan`` took Flax's own ``lift.scan`` (no record)."""
   flax_tieext.uninstall()

@@ -377,13 +377,16 @@ def collection_unknown(tie, col: str, names, hint: str,
       'Fix the collection name in collections=.')
 
 
-def unlike(tie, col: str, existing: str, value: str) -> TieError:
+def unlike(tie, col: str, existing: list, value: list) -> TieError:
+  same = len(existing) == len(value)  # (shape, dtype) of each array held
+  shapes = lambda specs: ', '.join(f'{s}:{d}' for s, d in specs)
   return tie_error(
-      f'Shape or dtype mismatch in the {tie.describe(col)}: the source'
-      f' {tie.text(tie.source)} has {existing}, but {tie.text(tie.target)} has'
-      f' {value}. Tied paths must hold variables of the same shape and dtype.',
+      f'{"Shape or dtype" if same else "Array count"} mismatch in the'
+      f' {tie.describe(col)}: the source {tie.text(tie.source)} has'
+      f' {shapes(existing)}, but {tie.text(tie.target)} has {shapes(value)}.'
+      ' Tied paths must hold variables of the same shape and dtype.',
       'Tie paths that hold variables of the same shape and dtype.',
-      'Use a view_fn (e.g. jnp.transpose) for a derived shape.')
+      'Use a view_fn (e.g. jnp.transpose) for a derived shape.' if same else '')
 
 
 def stack_tied_to_layer(tie, col: str, source: Path, shape, axis: int,

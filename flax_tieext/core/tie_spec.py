@@ -534,8 +534,7 @@ def check_like(tie: Tie, col: str, existing, value):
   def specs(tree):
     return list(map(shape_dtype, jax.tree_util.tree_leaves(meta.unbox(tree))))
   if specs(existing) != specs(value):
-    shapes = lambda t: ', '.join(f'{s}:{d}' for s, d in specs(t))
-    raise tie_errors.unlike(tie, col, shapes(existing), shapes(value))
+    raise tie_errors.unlike(tie, col, specs(existing), specs(value))
 
 
 is_box = meta.is_axis_metadata  # a boxed variable (nn.Partitioned, ...)

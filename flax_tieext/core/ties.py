@@ -187,6 +187,8 @@ class PackSite:
 # The site of the packing under way (a one-element list that ``_partial_pack``
 # empties; see ``_patch._pack``).
 PACK_SITE = contextvars.ContextVar('flax_tieext_pack_site', default=None)
+# A Module.sow under way (see _patch._module_sow): a write, never an init's.
+SOWING = contextvars.ContextVar('flax_tieext_sowing', default=None)
 
 
 def linked(scope_fn, scope_tree, name):
@@ -303,12 +305,12 @@ class MetInside:
       self.generation += 1
 
 
-def locate(scope, path: Path, rngs: bool = False):
+def locate(scope, path: Path, rngs: bool = False, col: str | None = None):
   """``(scope at or above path, records of the transforms crossed)``.
 
   Walks up the parents, then over the inner roots of the same lifted
-  transform (one lifted for its rngs only counts for ``rngs``), then out of
-  the transform, beyond which variables are closed over.
+  transform (one lifted for its rngs only counts for ``rngs``; a copy of
+  closed-over values, for a ``col`` it holds), then out (closed over).
   """
   crossed = ()
   while scope is not None:
@@ -325,36 +327,36 @@ def locate(scope, path: Path, rngs: bool = False):
         continue
       info = lift_record(sib)
       if (sib is not scope.root and is_within(path, sib.path)
-          and (rngs or not info.rngs_only)):
+          and (rngs or not info.rngs_only) and (col is None or not info.closure
+          or walk(sib._variables.get(col), path[len(sib.path):]))):
         return sib, crossed + ((info.closure,) if info.closure else ())
     crossed += (lift,)
     scope = lift.outer
   return None, crossed
 
 
-def reach(scope, path: Path, rngs: bool = False):
+def reach(scope, path: Path, rngs: bool = False, col: str | None = None):
   """``(scope at path, transforms crossed)``, built with Flax's ``push``.
 
   The scope is pushed on a rewound copy (reserving no name), so ties on the
   way are followed as ``Scope`` follows them; it is built once per scope it starts
   from and kept there (every target of one source reaches it again).
   """
-  base, crossed = locate(scope, path, rngs)
+  base, crossed = locate(scope, path, rngs, col)
   if base is None or len(path) == len(base.path):
     return base, crossed
   reached = vars(base).setdefault('_tie_reached', {})
-  found = reached.get(path)
-  if found is None:
+  if path not in reached:
     found = base.rewound()
     for name in path[len(base.path):]:
       found = found.push(name, reuse=True)
     reached[path] = found
-  return found, crossed
+  return reached[path], crossed
 
 
 def stored(scope, path: Path, col: str):
   """What is stored at ``path`` itself in ``col`` (no tie followed), or None."""
-  base, _ = locate(scope, path)
+  base, _ = locate(scope, path, col=col)
   return base and walk(base.root._variables.get(col),
                        path[len(base.root.path):])
 
@@ -437,8 +439,7 @@ def init_once_more(init, again):
   """
   runs, out, seeds = _init_runs(), None, ()
   for at_source in (None, False, True):
-    run = InitRun(replaying=at_source is not None)
-    runs.append(run)
+    runs.append(run := InitRun(replaying=at_source is not None))
     try:
       out = init() if at_source is None else again(_seed_tree(seeds, at_source))
     finally:
@@ -637,7 +638,7 @@ def _resolve(scope, ties: InForce, form: Form, col: str, write: bool):
   elif tie is None:
     return _untied(scope, col, write)
   else:
-    base, crossed = locate(scope, tie.source)
+    base, crossed = locate(scope, tie.source, col=col)
     # A final source lies below no target: its dicts are reached by name.
     node = base and walk(base.root._variables.get(col),
                          tie.source[len(base.root.path):])
@@ -721,12 +722,12 @@ def _in_a_branch(scope) -> bool:
 class FirstCopy(dict):
   """A target's copy, while initializing, that no write can leave.
 
-  Flax writes a variable here when it creates it; a second write would be
-  lost with the copy, and raises the tie's TieError: the source does not
-  exist yet to take it (the target runs first), or, with ``landing``, it is
-  a closed-over value of a transform the target is inside (the error
-  ``landing`` gives, as at ``apply``); ``later`` stores it (:func:`_own`). A
-  submodule's dict, which Flax adds empty, is one too.
+  Flax writes a variable here when it creates it; a second write, or a sow
+  (:data:`SOWING`), would be lost with the copy, and raises the tie's
+  TieError: the source does not exist yet to take it (the target runs
+  first), or, with ``landing``, it is a closed-over value of a transform
+  the target is inside (``landing``'s error, as at ``apply``); ``later``
+  stores it (:func:`_own`). A submodule's dict (Flax adds it empty) is too.
   """
 
   def __init__(self, tie: Tie | None, col: str, at: Path = (), landing=None,
@@ -740,7 +741,7 @@ class FirstCopy(dict):
       if type(value) is dict and not value:
         value = FirstCopy(self.tie, self.col, self.at + (name,), self.landing,
                           self.later)
-    elif name in self and (self.tie or self.landing):
+    elif (name in self or SOWING.get()) and (self.tie or self.landing):
       raise (self.landing() if self.landing else tie_errors.written_before_source(
           self.tie, self.col, self.at + (name,)))
     elif self.later:
@@ -789,7 +790,7 @@ class TiedNames(MutableMapping):
     if tie is None:
       return None
     scope, col = self._scope, self._col
-    parent, crossed = reach(scope, tie.source[:-1])
+    parent, crossed = reach(scope, tie.source[:-1], col=col)
     if parent is None:
       raise refused(scope, tie, col, Refused.UNREACHABLE)
     node = parent._collection(col)
@@ -800,8 +801,8 @@ class TiedNames(MutableMapping):
                 found=found is not None, crossed=crossed)
     if how == COPY:
       runs = _init_runs()
-      if (write and found is None and name in self.own
-          and not (runs and runs[-1].replaying)):  # (seeded: a write-back)
+      if write and found is None and (SOWING.get() or name in self.own and not (
+          runs and runs[-1].replaying)):  # (seeded: a write-back)
         raise tie_errors.written_before_source(tie, col, ())
       if write or found is None:
         return None  # the target's own copy, checked and dropped by check_init
@@ -830,7 +831,7 @@ class TiedNames(MutableMapping):
       self.own[name] = value
       return
     parent, key = where
-    if key in parent:
+    if key in parent and not SOWING.get():  # (a sow reduces what it read)
       check_like(self._ties[name], self._col, parent[key], value)
     parent[key] = value
 
@@ -1098,9 +1099,8 @@ def check_init(scope, ties: tuple[Tie, ...]):
   found_ties = in_force(scope)
   if found_ties is None or not scope.get_flag('initializing', False):
     return
-  path = scope.path
   declared = {id(t): t for t in [
-      *ties, *[t for t in found_ties.declared if t.declared_at == path]]}
+      *ties, *[t for t in found_ties.declared if t.declared_at == scope.path]]}
   present = visible_collections(scope)
   used = learned(scope)[0]
   sources = {}  # source path -> reach(scope, path): each looked up once
@@ -1141,12 +1141,12 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
   inside = declared_inside(tie, col, crossed)  # (met before its source too)
   if inside is not None:
     raise tie_errors.declared_inside(tie, col, scope.path_text, inside.name)
+  runs = _init_runs()
   if source is not None:
     if flat is None and tie.view is None:  # flattened once per source
       flat = dict(flatten(source))
       sources[key] = source, crossed, flat
     _check_copy(tie, col, copy, source, flat if tie.view is None else None)
-    runs = _init_runs()
     if runs:
       seen = _ran_first(scope, tie, col, copy, source, runs[-1].first)
       if seen is not None:  # the first use's values, where they can be stored
@@ -1155,7 +1155,6 @@ def _check_copy_of(scope, tie: Tie, col: str, sources, used) -> bool:
                 copy)) else source
         runs[-1].seeds.append((tie, col, seen, first))
   elif not isinstance(copy, Mapping) or copy:
-    runs = _init_runs()
     if runs and not is_within(tie.source, scope.path):  # it may run later
       runs[-1].deferred.add((tie, col))
       return True
@@ -1230,9 +1229,8 @@ def _forget(scope, path: Path, col: str, dropped):
 
 def _check_copy(tie: Tie, col: str, copy, source, flat_source=None):
   """Raises unless ``copy`` could be read from ``source`` (through the view)."""
-  if isinstance(copy, Mapping) != isinstance(source, Mapping):
-    raise tie_errors.kinds_differ(tie, col,
-                                  target_is_module=isinstance(copy, Mapping))
+  if (is_module := isinstance(copy, Mapping)) != isinstance(source, Mapping):
+    raise tie_errors.kinds_differ(tie, col, target_is_module=is_module)
   if flat_source is None:
     flat_source = dict(flatten(jax.eval_shape(
         lambda s: apply_views(tie, s), source)))

@@ -427,7 +427,8 @@ def tie(
     in_scan: how a source outside an ``nn.scan`` whose layers hold the
       target enters the loop: ``"scanned"``, broadcast to the number of
       layers before the loop and scanned over like the layers' own variables
-      (where the scan scans the tied collection, ``variable_axes``);
+      (where the scan scans the tied collection, ``variable_axes``; another
+      tied collection is a loop invariant);
       ``"broadcast"``, a loop invariant every layer reads, as
       ``variable_broadcast`` collections are. ``None`` (the default) takes
       ``"scanned"`` wherever it can: an ``nn.scan`` applied after
@@ -528,17 +529,10 @@ def _tied_class(module_class, items, collections, in_scan):
   def init_with_output(self, rngs, *args, method=None, **kwargs):
     fn = _get_unbound_fn(getattr(self, method) if isinstance(method, str)
                          else method or self.__call__)
-    if getattr(fn, 'checks_ties', False):  # checks when its call returns
-      return super(tied, self).init_with_output(
-          rngs, *args, method=method, **kwargs)
-
-    def checked_method(module, *args, **kwargs):
-      y = fn(module, *args, **kwargs)
-      check_init(module)
-      return y
-
-    return super(tied, self).init_with_output(
-        rngs, *args, method=checked_method, **kwargs)
+    # Checked when init's method returns, not when a method it calls does (a
+    # function running both ends of a tie, `lambda m, x: m.b(m.a(x))`).
+    return super(tied, self).init_with_output(rngs, *args, method=(
+        method if getattr(fn, 'checks_ties', False) else checked(fn)), **kwargs)
 
   def __reduce_ex__(self, protocol):
     # The class has module_class's name, under which pickle finds
