@@ -416,7 +416,7 @@ def patch_installed(request):
 
 
 # What ``tie_invariants`` did in this process (the xdist controller sums its
-# workers'): the session's last lines say it.
+# workers'): the run's summary says it.
 TIE_INVARIANT_COUNTS = collections.Counter()
 
 
@@ -548,7 +548,7 @@ def _check_tie_invariants(module, rngs, args, kwargs, method, y, variables,
 # The README's test command (a plain ``pytest``: the default test paths, no
 # --end-to-end, no --opted-out-too) takes at most this many CPU seconds on two
 # cores, the pytest process and its workers together: "under four
-# CPU-minutes" (README.md, CHANGELOG.md). Its last line says how much it took;
+# CPU-minutes" (README.md, CHANGELOG.md). It ends saying how much it took;
 # with TIEEXT_TEST_CPU_BUDGET=enforce (.ci/run) a run over it fails.
 CPU_BUDGET_SECONDS = 240
 
@@ -585,7 +585,7 @@ def pytest_sessionfinish(session):
 
 
 def _cpu_report(session, seconds, workers):
-  """Keeps the run's last line; fails an enforced run over the budget."""
+  """Keeps the run's CPU line; fails an enforced run over the budget."""
   config = session.config
   readme_run = _is_readme_run(config)
   over = readme_run and seconds > CPU_BUDGET_SECONDS
@@ -612,15 +612,24 @@ def pytest_testnodedown(node, error):  # pylint: disable=unused-argument
     WORKER_CPU_SECONDS.append(output['cpu_seconds'])
 
 
+@pytest.hookimpl(trylast=True)  # its last lines
 def pytest_terminal_summary(terminalreporter, config):
   counts = collections.Counter(TIE_INVARIANT_COUNTS)
-  if not counts['models checked'] and config.option.verbose <= 0:
-    return
+  if counts['models checked'] or config.option.verbose > 0:
+    terminalreporter.write_line(_tie_invariants_line(counts, config.option.verbose))
+  # The summary's last line, right above pytest's count of the tests: the
+  # run's CPU time against the README's figure.
+  line = config.stash.get(_CPU_LINE, None)
+  if line:
+    terminalreporter.write_line(line)
+
+
+def _tie_invariants_line(counts, verbose):
   line = (f'tie_invariants: init_with_output equals apply (the reference'
           f' semantics) for each of the {counts["models checked"]} models'
           f' initialized in {counts["tests"]} tests'
           f' ({counts["CPU seconds"]:.1f} CPU-s)')
-  if config.option.verbose > 0:
+  if verbose > 0:
     # Inits the check leaves to the test: none of these is a failure.
     skipped = [(counts['inits traced, not checked'], 'inside a JAX trace'
                 ' (jax.jit(model.init), eval_shape: tracers, no values)'),
@@ -631,12 +640,4 @@ def pytest_terminal_summary(terminalreporter, config):
     line += '; not compared: ' + ', '.join(
         f'{n} inits {why}' for n, why in skipped if n) if any(
             n for n, _ in skipped) else ''
-  terminalreporter.write_line(line)
-
-
-def pytest_unconfigure(config):
-  """The run's last line: its CPU time, against the README's figure."""
-  line = config.stash.get(_CPU_LINE, None)
-  reporter = config.pluginmanager.get_plugin('terminalreporter')
-  if line and reporter is not None:
-    reporter.write_line(line)
+  return line

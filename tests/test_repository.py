@@ -223,9 +223,9 @@ def test_the_readme_states_the_cpu_budget_its_test_run_checks(pytestconfig):
 
 @pytest.mark.parametrize('seconds, enforce, status', [
     (100.0, True, 0), (300.0, False, 0), (300.0, True, 1)])
-def test_the_last_line_gives_the_cpu_time_and_ci_fails_over_budget(
+def test_the_run_ends_with_its_cpu_time_and_ci_fails_it_over_budget(
     pytestconfig, monkeypatch, seconds, enforce, status):
-  """The run's last line: its CPU time against the README's figure."""
+  """The run ends with its CPU time against the README's figure."""
   conftest = _conftest(pytestconfig)
   monkeypatch.setattr(conftest, '_is_readme_run', lambda config: True)
   if enforce:
