@@ -92,7 +92,11 @@ def as_reference(variables, col):
 
 
 @pytest.mark.needs_patch
-@pytest.mark.parametrize('wrap', sorted(tie_wraps.WRAPS))
+# nn.partitioning.remat and nn.jit (the longest to compile) with --end-to-end
+# and in CI.
+@pytest.mark.parametrize('wrap', [
+    pytest.param(w, marks=pytest.mark.end_to_end if w in ('partitioning.remat', 'jit') else ())
+    for w in sorted(tie_wraps.WRAPS)])
 @pytest.mark.parametrize('kind', sorted(KINDS))
 def test_inner_tie_in_another_collection_matches_one_shared_instance(kind, wrap):
   _, col = KINDS[kind]

@@ -45,7 +45,8 @@ def nested(depth, remat):
 
 
 @pytest.mark.parametrize('remat', [False, True], ids=['plain', 'remat'])
-@pytest.mark.parametrize('depth', [1, 2, 3, 4, 5])
+@pytest.mark.parametrize('depth', [1, 2, 3, *(pytest.param(d, marks=pytest.mark.end_to_end)
+                                              for d in (4, 5))])
 def test_each_call_site_traced_once(depth, remat):
   model = nested(depth, remat)()
   x = jnp.ones((1, 2))
